@@ -1,0 +1,33 @@
+# Two commands for a newcomer: `make demo` and `make test`. Each sets itself up.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test install bench lint clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m samples.demo
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+lint: $(STAMP)
+	$(PY) -m mypy
+
+bench: $(STAMP)
+	$(PY) benchmarks/bench_eventstore.py
+	$(PY) benchmarks/bench_aggregates.py
+	$(PY) benchmarks/bench_projections.py
+	$(PY) benchmarks/bench_spark.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache spark-warehouse
