@@ -1,0 +1,64 @@
+"""jetsourcing's event store on NATS JetStream.
+
+If you are here to read the code, start with ``store.py`` (the :class:`EventStore`
+facade), then ``append.py`` (optimistic concurrency, idempotency, atomic
+commits), ``wire.py`` (the message layout), ``reading.py`` and ``consumer.py``
+(loading one entity, replaying the stream), ``server.py`` (the embedded
+nats-server) and ``errors.py``.
+"""
+
+from .append import MAX_ENTITIES_PER_APPEND, EntityAppend
+from .consumer import OrderedPull
+from .errors import (
+    ConcurrencyError,
+    EventDecodeError,
+    EventStoreError,
+    EventTooLargeError,
+    InvalidEventError,
+    InvalidStreamIdError,
+    ServerUnavailableError,
+    StreamConfigError,
+    UnknownEventTypeError,
+)
+from .events import ANY, NO_STREAM, AppendResult, ExpectedVersion, RecordedEvent, StreamState
+from .registry import TypeRegistry, Upcaster
+from .server import EmbeddedServer, find_nats_server
+from .settings import EventStoreSettings
+from .store import EntityInfo, EventStore, StoreInfo
+from .streams import StreamId, decode_entity_id, encode_entity_id
+from .wire import Header, decode_commit, encode_commit
+
+__all__ = [
+    "ANY",
+    "AppendResult",
+    "ConcurrencyError",
+    "EmbeddedServer",
+    "EntityAppend",
+    "EntityInfo",
+    "EventDecodeError",
+    "EventStore",
+    "EventStoreError",
+    "EventStoreSettings",
+    "EventTooLargeError",
+    "ExpectedVersion",
+    "Header",
+    "InvalidEventError",
+    "InvalidStreamIdError",
+    "MAX_ENTITIES_PER_APPEND",
+    "NO_STREAM",
+    "OrderedPull",
+    "RecordedEvent",
+    "ServerUnavailableError",
+    "StoreInfo",
+    "StreamConfigError",
+    "StreamId",
+    "StreamState",
+    "TypeRegistry",
+    "UnknownEventTypeError",
+    "Upcaster",
+    "decode_commit",
+    "decode_entity_id",
+    "encode_commit",
+    "encode_entity_id",
+    "find_nats_server",
+]

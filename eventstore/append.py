@@ -1,0 +1,342 @@
+"""Appending: optimistic concurrency checked by the server, deduplication, atomic multi-entity commits.
+
+How an append is made safe:
+
+* **Concurrency.** Each commit carries ``Nats-Expected-Last-Subject-Sequence``:
+  the stream position of the entity's last commit as the appender saw it. The
+  server rejects the commit (``err_code`` 10071) if anything was written to the
+  subject since. The appender keeps the last (version, position) of every
+  entity it read or wrote, so an append after a load needs no lookup; on a
+  miss it looks the entity's last commit up with one direct get.
+* **Atomicity.** One append to one entity is one message (see :mod:`.wire`),
+  stored whole or not at all. An append spanning several entities is one
+  JetStream atomic batch: every entity's commit is stored, or none is.
+* **Idempotency.** Every commit carries a ``Nats-Msg-Id`` derived from the
+  append's id (the caller's idempotency key, or a fresh one reused by every
+  resend of this call). A resent commit that the server already stored is
+  recognised in two ways: the server's duplicate acknowledgement, or, when the
+  concurrency check fires first (it runs before deduplication), by finding this
+  append's id on the commit that follows the expected position. Either way the
+  caller gets the positions of the first write and nothing is stored twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
+from pydantic import BaseModel
+
+from .errors import (
+    ConcurrencyError,
+    EventStoreError,
+    EventTooLargeError,
+    InvalidEventError,
+    ServerUnavailableError,
+    StreamConfigError,
+)
+from .events import ANY, NO_STREAM, AppendResult, ExpectedVersion, StreamState
+from .inbox import BatchInbox
+from .registry import TypeRegistry
+from .settings import EventStoreSettings
+from .streams import StreamId
+from .wire import Header, encode_commit, utc_now_text
+
+__all__ = ["Appender", "EntityAppend", "MAX_ENTITIES_PER_APPEND"]
+
+MAX_ENTITIES_PER_APPEND = 1000
+"""The server refuses atomic batches of more than 1,000 messages (one message per entity)."""
+
+_WRONG_LAST_SEQUENCE = 10071
+_BATCH_DUPLICATE_MSG_ID = 10201
+_STREAM_NOT_FOUND = 10059
+_MESSAGE_TOO_LARGE = 10054  # server-side max payload / max msg size refusals
+
+
+@dataclass(frozen=True, slots=True)
+class EntityAppend:
+    """Events to append to one entity, with the version the caller expects it to be at."""
+
+    stream_id: StreamId
+    events: Sequence[BaseModel]
+    expected_version: ExpectedVersion = ANY
+    expected_position: int | None = None
+
+
+@dataclass(slots=True)
+class _Commit:
+    """One entity's part of an append, as it goes on the wire."""
+
+    request: EntityAppend
+    subject: str
+    msg_id: str
+    types: list[str]
+    schema_versions: list[int]
+    event_ids: list[str]
+    payloads: list[bytes]
+    prev_version: int = 0
+    prev_position: int = 0
+
+    def encode(self, recorded_at: str, correlation_id: str | None, causation_id: str | None) -> tuple[dict[str, str], bytes]:
+        headers, body = encode_commit(
+            msg_id=self.msg_id,
+            types=self.types,
+            schema_versions=self.schema_versions,
+            event_ids=self.event_ids,
+            payloads=self.payloads,
+            last_version=self.prev_version + len(self.payloads),
+            recorded_at=recorded_at,
+            correlation_id=correlation_id,
+            causation_id=causation_id,
+        )
+        headers[Header.EXPECTED_LAST_SUBJECT_SEQUENCE] = str(self.prev_position)
+        return headers, body
+
+    def result(self, position: int, duplicate: bool) -> AppendResult:
+        return AppendResult(
+            self.request.stream_id, position, self.prev_version + 1, self.prev_version + len(self.payloads), duplicate
+        )
+
+
+class _Conflict(Exception):
+    """The server's concurrency check rejected the append (internal)."""
+
+
+class Appender:
+    """Writes commits; one per event store connection. See the module docs for the guarantees."""
+
+    def __init__(
+        self, nc: NATS, inbox: BatchInbox, settings: EventStoreSettings, registry: TypeRegistry, cache_size: int = 100_000
+    ) -> None:
+        self._nc = nc
+        self._inbox = inbox
+        self._settings = settings
+        self._registry = registry
+        self._known: OrderedDict[StreamId, tuple[int, int]] = OrderedDict()
+        self._cache_size = cache_size
+
+    # -- entity state cache -------------------------------------------------
+
+    def remember(self, stream_id: StreamId, version: int, position: int) -> None:
+        """Note an entity's (version, position) as just read or written, so the next append skips a lookup."""
+        known = self._known.get(stream_id)
+        if known is not None and known[1] > position:
+            return
+        self._known[stream_id] = (version, position)
+        self._known.move_to_end(stream_id)
+        if len(self._known) > self._cache_size:
+            self._known.popitem(last=False)
+
+    async def direct_get(self, payload: dict[str, object]) -> list[Msg]:
+        """One direct get batch request; returns the data messages (the trailing status is dropped)."""
+        msgs = await self._inbox.request(
+            f"$JS.API.DIRECT.GET.{self._settings.stream}", json.dumps(payload).encode(), self._settings.request_timeout_s
+        )
+        status = (msgs[-1].headers or {}).get(Header.STATUS, "")
+        if status not in ("204", "404"):
+            raise ServerUnavailableError(f"Direct get on stream {self._settings.stream!r} failed with status {status}.")
+        return msgs[:-1]
+
+    async def state(self, stream_id: StreamId) -> StreamState:
+        """The entity's current version and last position, read from the server (0, 0 without events)."""
+        subject = stream_id.subject(self._settings.subject_prefix)
+        msgs = await self.direct_get({"multi_last": [subject], "batch": 1})
+        if not msgs:
+            return StreamState(stream_id, 0, 0)
+        headers = msgs[0].headers or {}
+        state = StreamState(stream_id, int(headers[Header.VERSION]), int(headers[Header.SEQUENCE]))
+        self.remember(stream_id, state.version, state.position)
+        return state
+
+    # -- building commits ---------------------------------------------------
+
+    def _build(self, request: EntityAppend, msg_id: str, key: str | None) -> _Commit:
+        if not request.events:
+            raise InvalidEventError(f"Nothing to append to {request.stream_id}: the list of events is empty.")
+        types, versions, ids, payloads = [], [], [], []
+        for i, event in enumerate(request.events):
+            if not isinstance(event, BaseModel):
+                raise InvalidEventError(
+                    f"Cannot append {event!r} to {request.stream_id}: events must be instances of registered pydantic models."
+                )
+            name, version = self._registry.name_of(type(event))
+            types.append(name)
+            versions.append(version)
+            ids.append(str(uuid.uuid5(uuid.NAMESPACE_URL, f"{key}/{request.stream_id}/{i}")) if key else uuid.uuid4().hex)
+            payloads.append(event.model_dump_json().encode())
+        return _Commit(request, request.stream_id.subject(self._settings.subject_prefix), msg_id, types, versions, ids, payloads)
+
+    async def _resolve_previous(self, commit: _Commit) -> None:
+        """Find the version and position the commit must follow, raising ConcurrencyError early when known."""
+        request = commit.request
+        expected = request.expected_version
+        if expected is NO_STREAM or expected == 0:
+            commit.prev_version, commit.prev_position = 0, 0
+            return
+        if isinstance(expected, int) and request.expected_position is not None:
+            commit.prev_version, commit.prev_position = expected, request.expected_position
+            return
+        known = self._known.get(request.stream_id)
+        if known is not None and (expected is ANY or known[0] == expected):
+            commit.prev_version, commit.prev_position = known
+            return
+        state = await self.state(request.stream_id)
+        if isinstance(expected, int) and state.version != expected:
+            commit.prev_version, commit.prev_position = expected, -1  # position unknown: only "mine?" checks remain
+            raise _Conflict
+        commit.prev_version, commit.prev_position = state.version, state.position
+
+    # -- the append ---------------------------------------------------------
+
+    async def append(
+        self,
+        requests: Sequence[EntityAppend],
+        *,
+        idempotency_key: str | None = None,
+        correlation_id: str | None = None,
+        causation_id: str | None = None,
+    ) -> list[AppendResult]:
+        """Append every request's events atomically (all entities or none); see the module docs."""
+        if not requests:
+            raise InvalidEventError("Nothing to append: no entities were given.")
+        if len(requests) > MAX_ENTITIES_PER_APPEND:
+            raise InvalidEventError(
+                f"One atomic append can span at most {MAX_ENTITIES_PER_APPEND} entities, not {len(requests)}; "
+                "split it into several appends."
+            )
+        seen: set[StreamId] = set()
+        for request in requests:
+            if request.stream_id in seen:
+                raise InvalidEventError(
+                    f"{request.stream_id} appears twice in one append; put all its events in one EntityAppend."
+                )
+            seen.add(request.stream_id)
+        append_id = idempotency_key or uuid.uuid4().hex
+        single = len(requests) == 1
+        commits = [self._build(r, append_id if single else f"{append_id}:{i}", idempotency_key) for i, r in enumerate(requests)]
+        self._check_size(commits)
+        while True:
+            try:
+                await asyncio.gather(*(self._resolve_previous(c) for c in commits))
+                positions, duplicate = await self._publish(commits, append_id, correlation_id, causation_id)
+            except _Conflict:
+                stored = await self._find_stored(commits)
+                if stored is not None:
+                    positions, duplicate = stored, True
+                elif any(c.request.expected_version is ANY for c in commits) and not await self._exact_conflict(commits):
+                    # Only ANY entities moved: refresh them and try again.
+                    for c in commits:
+                        self._known.pop(c.request.stream_id, None)
+                    continue
+                else:
+                    raise await self._conflict_error(commits) from None
+            results = [c.result(p, duplicate) for c, p in zip(commits, positions)]
+            for r in results:
+                self.remember(r.stream_id, r.last_version, r.position)
+            return results
+
+    def _check_size(self, commits: list[_Commit]) -> None:
+        limit = self._nc.max_payload
+        for c in commits:
+            size = sum(len(p) for p in c.payloads) + 160 * len(c.payloads) + 300
+            if size > limit:
+                raise EventTooLargeError(
+                    f"The events for {c.request.stream_id} take about {size} bytes, more than the server's "
+                    f"max_payload of {limit} bytes. Nothing was stored. Keep large blobs out of events (store a "
+                    "reference), split the append, or raise max_payload on the server."
+                )
+
+    async def _publish(
+        self, commits: list[_Commit], append_id: str, correlation_id: str | None, causation_id: str | None
+    ) -> tuple[list[int], bool]:
+        recorded_at = utc_now_text()
+        encoded = [c.encode(recorded_at, correlation_id, causation_id) for c in commits]
+        if len(commits) > 1:
+            batch_id = uuid.uuid4().hex  # the server refuses reused batch ids; msg ids carry idempotency
+            for i, (headers, _) in enumerate(encoded, start=1):
+                headers[Header.BATCH_ID] = batch_id
+                headers[Header.BATCH_SEQUENCE] = str(i)
+            encoded[-1][0][Header.BATCH_COMMIT] = "1"
+        attempts = self._settings.append_retries + 1
+        for attempt in range(attempts):
+            try:
+                for c, (headers, body) in zip(commits[:-1], encoded[:-1]):
+                    await self._nc.publish(c.subject, body, headers=headers)
+                reply = await self._nc.request(
+                    commits[-1].subject, encoded[-1][1], timeout=self._settings.request_timeout_s, headers=encoded[-1][0]
+                )
+            except (NatsTimeoutError, asyncio.TimeoutError, NoRespondersError) as exc:
+                if attempt + 1 < attempts:
+                    continue  # resend: the msg ids make a resend safe
+                raise ServerUnavailableError(
+                    f"The server did not acknowledge the append to {commits[-1].request.stream_id} after {attempts} "
+                    "tries. It may or may not be stored; retry with the same idempotency key to find out safely."
+                ) from exc
+            return self._parse_ack(reply.data, commits)
+        raise AssertionError("unreachable")
+
+    def _parse_ack(self, data: bytes, commits: list[_Commit]) -> tuple[list[int], bool]:
+        ack = json.loads(data)
+        error = ack.get("error")
+        if error is None:
+            last = int(ack["seq"])
+            return [last - len(commits) + 1 + i for i in range(len(commits))], bool(ack.get("duplicate"))
+        code = error.get("err_code")
+        if code in (_WRONG_LAST_SEQUENCE, _BATCH_DUPLICATE_MSG_ID):
+            raise _Conflict
+        description = error.get("description", "")
+        if code == _STREAM_NOT_FOUND:
+            raise StreamConfigError(f"Stream {self._settings.stream!r} does not exist; create it with EventStore.ensure_stream().")
+        if "maximum" in description or "too large" in description or code == _MESSAGE_TOO_LARGE:
+            raise EventTooLargeError(f"The server refused the append as too large: {description}. Nothing was stored.")
+        if "atomic" in description:
+            raise StreamConfigError(
+                f"The server refused an atomic multi-entity append: {description}. The stream needs allow_atomic "
+                "(nats-server 2.12 or newer)."
+            )
+        raise EventStoreError(f"The server refused the append (err_code {code}): {description}. Nothing was stored.")
+
+    async def _find_stored(self, commits: list[_Commit]) -> list[int] | None:
+        """If this append was already stored (a resend), the positions of its commits; else None."""
+        positions = []
+        for c in commits:
+            if c.prev_position >= 0:
+                msgs = await self.direct_get({"seq": c.prev_position + 1, "next_by_subj": c.subject, "batch": 1})
+            else:  # the expected position is unknown: search the entity's commits for ours
+                msgs = [
+                    m
+                    for m in await self.direct_get({"seq": 1, "next_by_subj": c.subject, "batch": 100_000})
+                    if (m.headers or {}).get(Header.MSG_ID) == c.msg_id
+                ]
+            if not msgs or (msgs[0].headers or {}).get(Header.MSG_ID) != c.msg_id:
+                return None
+            headers = msgs[0].headers or {}
+            c.prev_version = int(headers[Header.VERSION]) - len(c.payloads)
+            positions.append(int(headers[Header.SEQUENCE]))
+        return positions
+
+    async def _exact_conflict(self, commits: list[_Commit]) -> bool:
+        for c in commits:
+            if c.request.expected_version is not ANY:
+                state = await self.state(c.request.stream_id)
+                if state.version != c.prev_version or state.position != c.prev_position:
+                    return True
+        return False
+
+    async def _conflict_error(self, commits: list[_Commit]) -> ConcurrencyError:
+        for c in commits:
+            expected = c.request.expected_version
+            state = await self.state(c.request.stream_id)
+            expected_version = 0 if expected is NO_STREAM else expected
+            if expected is not ANY and state.version != expected_version:
+                return ConcurrencyError(c.request.stream_id, expected, state.version)
+        first = commits[0]
+        return ConcurrencyError(first.request.stream_id, first.request.expected_version, None)

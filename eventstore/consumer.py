@@ -1,0 +1,241 @@
+"""Reading the stream in order: an ephemeral pull consumer driven at the wire level.
+
+nats-py's ``fetch()`` creates a future and a timeout per message and tops out
+at a fraction of what the server sends. :class:`OrderedPull` instead keeps two
+pull requests of up to ``batch`` messages in flight on one plain subscription
+callback and hands the messages over in whole batches. It checks the
+consumer's delivery sequence on every message; after a gap, a missed
+heartbeat, a server restart or a lost connection it deletes the consumer and
+creates a new one starting right after the last message it handed over, so the
+caller sees every message of the range exactly once and in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Sequence
+
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from .errors import ServerUnavailableError
+
+__all__ = ["OrderedPull", "StoredMsg"]
+
+StoredMsg = tuple[int, Msg]
+"""A stream message with its stream sequence."""
+
+_NS = 1_000_000_000
+
+
+class OrderedPull:
+    """Yields the messages of ``stream`` from ``start_seq`` on, in sequence order, in batches.
+
+    ``filter_subjects`` limits the read to matching subjects (the positions then
+    have gaps). ``stop_seq`` ends the read after that sequence, or, with
+    ``live=False``, the read ends once no matching message is pending. With
+    ``live=True`` it follows new messages forever, surviving server restarts
+    (``give_up_s`` bounds how long a broken server is retried).
+    """
+
+    def __init__(
+        self,
+        nc: NATS,
+        stream: str,
+        *,
+        start_seq: int = 1,
+        filter_subjects: Sequence[str] | None = None,
+        stop_seq: int | None = None,
+        live: bool = False,
+        batch: int = 1000,
+        heartbeat_s: float = 1.0,
+        api_timeout_s: float = 5.0,
+        give_up_s: float | None = None,
+        api_prefix: str = "$JS.API",
+    ) -> None:
+        self._nc = nc
+        self._stream = stream
+        self.next_seq = max(1, start_seq)
+        self._filters = list(filter_subjects or [])
+        self._stop_seq = stop_seq
+        self._live = live
+        self._batch = batch
+        self._heartbeat_s = heartbeat_s
+        self._api_timeout_s = api_timeout_s
+        self._give_up_s = give_up_s if give_up_s is not None else (None if live else 30.0)
+        self._api = api_prefix
+        self._inbox = nc.new_inbox()
+        self._sub: Subscription | None = None
+        self._consumer = ""
+        self._last_dseq = 0
+        self._pending: int | None = None
+        self._requests: deque[int] = deque()
+        self._buffer: list[StoredMsg] = []
+        self._wake = asyncio.Event()
+        self._reset = False
+        self._last_activity = 0.0
+        self._closed = False
+
+    async def _on_msg(self, msg: Msg) -> None:
+        self._last_activity = time.monotonic()
+        reply = msg.reply
+        if not reply:
+            self._on_status(msg)
+            return
+        tokens = reply.split(".")
+        # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts>.<pending>, or the v2
+        # form with <domain>.<account hash> after ACK and a random token at the end.
+        base = 2 if len(tokens) == 9 else 4
+        if tokens[base + 1] != self._consumer or self._reset:
+            return
+        sseq, dseq, pending = int(tokens[base + 3]), int(tokens[base + 4]), int(tokens[base + 6])
+        if dseq != self._last_dseq + 1:
+            self._reset = True
+            self._wake.set()
+            return
+        self._last_dseq = dseq
+        self._pending = pending
+        self.next_seq = sseq + 1
+        self._buffer.append((sseq, msg))
+        if self._requests:
+            self._requests[0] -= 1
+            if self._requests[0] <= 0:
+                self._requests.popleft()
+        if len(self._buffer) >= self._batch // 2 or pending == 0 or not self._requests:
+            self._wake.set()
+
+    def _on_status(self, msg: Msg) -> None:
+        headers = msg.headers or {}
+        status = headers.get("Status", "")
+        if status == "100":
+            return  # idle heartbeat: the consumer is alive
+        if status in ("404", "408", "409"):
+            if self._requests:
+                self._requests.popleft()
+            description = headers.get("Description", "")
+            if status == "409" and ("Deleted" in description or "Leadership" in description):
+                self._reset = True
+        self._wake.set()
+
+    async def _api_request(self, subject: str, body: dict[str, object]) -> dict[str, object]:
+        reply = await self._nc.request(f"{self._api}.{subject}", json.dumps(body).encode(), timeout=self._api_timeout_s)
+        answer: dict[str, object] = json.loads(reply.data)
+        if "error" in answer:
+            raise ServerUnavailableError(f"JetStream refused {subject}: {answer['error']}")
+        return answer
+
+    def _delete_consumer(self) -> None:
+        if self._consumer and not self._nc.is_closed:
+            name, self._consumer = self._consumer, ""
+            # Fire and forget: the consumer also expires by itself when inactive.
+            asyncio.ensure_future(self._quiet_publish(f"{self._api}.CONSUMER.DELETE.{self._stream}.{name}"))
+
+    async def _quiet_publish(self, subject: str) -> None:
+        try:
+            await self._nc.publish(subject, b"")
+        except Exception:  # noqa: BLE001 - the connection may be gone; the consumer expires anyway
+            pass
+
+    async def _create_consumer(self) -> None:
+        self._delete_consumer()
+        name = self._nc.new_inbox().rsplit(".", 1)[-1]
+        config: dict[str, object] = {
+            "name": name,
+            "deliver_policy": "by_start_sequence",
+            "opt_start_seq": self.next_seq,
+            "ack_policy": "none",
+            "replay_policy": "instant",
+            "mem_storage": True,
+            "num_replicas": 1,
+            "inactive_threshold": 60 * _NS,
+        }
+        if len(self._filters) == 1:
+            config["filter_subject"] = self._filters[0]
+        elif self._filters:
+            config["filter_subjects"] = self._filters
+        deadline = None if self._give_up_s is None else time.monotonic() + self._give_up_s
+        delay = 0.05
+        while True:
+            try:
+                info = await self._api_request(
+                    f"CONSUMER.CREATE.{self._stream}.{name}", {"stream_name": self._stream, "config": config}
+                )
+                break
+            except Exception as exc:  # noqa: BLE001 - server down or restarting: retry until give_up_s
+                if self._closed:
+                    raise
+                if deadline is not None and time.monotonic() > deadline:
+                    raise ServerUnavailableError(
+                        f"Could not create a consumer on stream {self._stream!r}: {exc}. Check that the server "
+                        "is running and the stream exists."
+                    ) from exc
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+        self._consumer = name
+        self._last_dseq = 0
+        num_pending = info.get("num_pending")
+        self._pending = int(num_pending) if isinstance(num_pending, int) else None
+        self._requests.clear()
+        self._reset = False
+        self._last_activity = time.monotonic()
+
+    async def _request_more(self) -> None:
+        expires_s = max(self._heartbeat_s * 5, 2.0)
+        body = {"batch": self._batch, "expires": int(expires_s * _NS), "idle_heartbeat": int(self._heartbeat_s * _NS)}
+        self._requests.append(self._batch)
+        await self._nc.publish(
+            f"{self._api}.CONSUMER.MSG.NEXT.{self._stream}.{self._consumer}", json.dumps(body).encode(), reply=self._inbox
+        )
+
+    def _finished(self) -> bool:
+        if self._stop_seq is not None and self.next_seq > self._stop_seq:
+            return True
+        return not self._live and self._pending == 0
+
+    async def batches(self) -> AsyncIterator[list[StoredMsg]]:
+        """Yield lists of (sequence, message) in sequence order until the read is finished."""
+        if self._sub is None:
+            self._sub = await self._nc.subscribe(self._inbox, cb=self._on_msg, pending_msgs_limit=-1, pending_bytes_limit=-1)
+        try:
+            await self._create_consumer()
+            while True:
+                if self._buffer:
+                    out, self._buffer = self._buffer, []
+                    if self._stop_seq is not None and out[-1][0] > self._stop_seq:
+                        out = [m for m in out if m[0] <= self._stop_seq]
+                        self.next_seq = self._stop_seq + 1
+                    if out:
+                        yield out
+                    continue
+                if self._finished():
+                    return
+                if self._reset or time.monotonic() - self._last_activity > self._heartbeat_s * 3:
+                    await self._create_consumer()
+                try:
+                    while len(self._requests) < 2:
+                        await self._request_more()
+                except Exception:  # noqa: BLE001 - disconnected: the staleness check resets the consumer
+                    self._requests.clear()
+                self._wake.clear()
+                if not self._buffer and not self._reset:
+                    try:
+                        await asyncio.wait_for(self._wake.wait(), self._heartbeat_s)
+                    except asyncio.TimeoutError:
+                        pass
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        """Delete the consumer and the subscription."""
+        self._closed = True
+        self._delete_consumer()
+        if self._sub is not None:
+            sub, self._sub = self._sub, None
+            try:
+                await sub.unsubscribe()
+            except Exception:  # noqa: BLE001 - closing a dead connection must not raise
+                pass

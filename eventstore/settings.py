@@ -1,0 +1,46 @@
+"""Settings of the event store: read once, at the edge.
+
+Explicit arguments beat environment variables, which beat defaults::
+
+    EventStoreSettings()                              # defaults + environment
+    EventStoreSettings(stream="ORDERS")               # explicit
+    settings.model_copy(update={"replicas": 3})       # a changed copy
+
+Environment variables: ``NATS_URL`` (or ``JETSOURCING_NATS_URL``) and
+``JETSOURCING_<FIELD>`` for every other field, e.g. ``JETSOURCING_STREAM``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["EventStoreSettings"]
+
+
+class EventStoreSettings(BaseSettings):
+    """How to reach the server and how the event store's stream is laid out (immutable)."""
+
+    model_config = SettingsConfigDict(env_prefix="JETSOURCING_", frozen=True, extra="forbid")
+
+    nats_url: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("nats_url", "NATS_URL", "JETSOURCING_NATS_URL"),
+        description="Server or cluster URL(s), comma-separated. None starts an embedded nats-server.",
+    )
+    stream: str = Field(default="EVENTS", pattern=r"^[A-Za-z0-9_-]+$", description="JetStream stream name.")
+    subject_prefix: str = Field(
+        default="events", pattern=r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$", description="Subjects are <prefix>.<Category>.<id>."
+    )
+    duplicate_window_s: float = Field(default=120.0, gt=0, description="How long the server remembers Nats-Msg-Id values.")
+    replicas: int = Field(default=1, ge=1, le=5, description="Stream replicas: 1 embedded, 3 on a cluster.")
+    max_age_s: float | None = Field(default=None, gt=0, description="None: events never expire (the default for an event store).")
+    max_msgs: int | None = Field(default=None, gt=0)
+    max_bytes: int | None = Field(default=None, gt=0)
+    request_timeout_s: float = Field(default=5.0, gt=0, description="How long to wait for one server reply.")
+    append_retries: int = Field(default=3, ge=0, description="Resends of a commit whose acknowledgement timed out.")
+    storage_dir: Path | None = Field(default=None, description="Embedded server's storage; None: a temporary directory.")
+    sync_always: bool = Field(default=False, description="Embedded server fsyncs before every acknowledgement.")
+    connect_name: str = Field(default="jetsourcing", description="Client name shown by the server.")

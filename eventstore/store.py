@@ -1,0 +1,378 @@
+"""The event store: one object to append, read, subscribe and inspect.
+
+Example::
+
+    from pydantic import BaseModel
+    from eventstore import EventStore, StreamId, NO_STREAM
+
+    class Deposited(BaseModel):
+        amount: int
+
+    async with EventStore.connect() as store:          # embedded nats-server unless NATS_URL is set
+        store.registry.register(Deposited)
+        account = StreamId("Account", "alice@example.com")
+        await store.append(account, [Deposited(amount=10)], expected_version=NO_STREAM)
+        events = await store.read(account)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Coroutine, Generator, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import nats
+from nats.aio.client import Client as NATS
+from nats.errors import Error as NatsError
+from nats.errors import NoServersError
+from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
+from nats.js.errors import NotFoundError
+from pydantic import BaseModel
+
+from .append import Appender, EntityAppend
+from .errors import ServerUnavailableError, StreamConfigError
+from .events import ANY, AppendResult, ExpectedVersion, RecordedEvent, StreamState
+from .inbox import BatchInbox
+from .reading import Reader
+from .registry import TypeRegistry
+from .server import EmbeddedServer
+from .settings import EventStoreSettings
+from .streams import StreamId, decode_entity_id, validate_category
+from .wire import Header
+
+__all__ = ["EntityInfo", "EventStore", "StoreInfo"]
+
+
+@dataclass(frozen=True, slots=True)
+class StoreInfo:
+    """The stream's state: its last position and how many commits it holds."""
+
+    stream: str
+    last_position: int
+    first_position: int
+    commits: int
+    bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class EntityInfo:
+    """One entity of a category: its current version (= its event count) and its commit count."""
+
+    stream_id: StreamId
+    version: int
+    commits: int
+
+
+class EventStore:
+    """An event store in one JetStream stream. Safe for many concurrent tasks on one event loop.
+
+    Create it with :meth:`connect` (which also starts an embedded server when
+    no URL is configured and creates the stream) or from an existing nats-py
+    connection with the constructor plus :meth:`ensure_stream`.
+    """
+
+    def __init__(
+        self,
+        nc: NATS,
+        settings: EventStoreSettings | None = None,
+        registry: TypeRegistry | None = None,
+        *,
+        server: EmbeddedServer | None = None,
+    ) -> None:
+        self.nc = nc
+        self.settings = settings or EventStoreSettings()
+        self.registry = registry or TypeRegistry()
+        self.server = server
+        self._inbox = BatchInbox(nc)
+        self._appender = Appender(nc, self._inbox, self.settings, self.registry)
+        self._reader = Reader(nc, self._appender, self.settings, self.registry)
+
+    # -- lifecycle ----------------------------------------------------------
+
+    @classmethod
+    def connect(
+        cls,
+        settings: EventStoreSettings | None = None,
+        registry: TypeRegistry | None = None,
+        *,
+        create_stream: bool = True,
+        **connect_options: Any,
+    ) -> "_Connecting":
+        """Connect to ``settings.nats_url`` (or start an embedded server) and make sure the stream exists.
+
+        Use it as ``store = await EventStore.connect()`` or ``async with
+        EventStore.connect() as store:``. The connection reconnects forever
+        after a lost connection or a server restart. Extra keyword arguments go
+        to :func:`nats.connect`.
+        """
+        return _Connecting(cls._connect(settings, registry, create_stream, connect_options))
+
+    @classmethod
+    async def _connect(
+        cls,
+        settings: EventStoreSettings | None,
+        registry: TypeRegistry | None,
+        create_stream: bool,
+        connect_options: dict[str, Any],
+    ) -> "EventStore":
+        settings = settings or EventStoreSettings()
+        server = None
+        url = settings.nats_url
+        if url is None:
+            server = EmbeddedServer(settings.storage_dir, sync_always=settings.sync_always).start()
+            url = server.url
+        options: dict[str, Any] = {
+            "name": settings.connect_name,
+            "max_reconnect_attempts": -1,
+            "reconnect_time_wait": 0.2,
+            "connect_timeout": settings.request_timeout_s,
+            "allow_reconnect": True,
+        }
+        options.update(connect_options)
+        try:
+            nc = await nats.connect(url.split(","), **options)
+        except (NoServersError, OSError, asyncio.TimeoutError, NatsError) as exc:
+            if server:
+                server.close()
+            raise ServerUnavailableError(
+                f"Could not connect to NATS at {url}: {exc}. Start a server, or fix NATS_URL."
+            ) from exc
+        store = cls(nc, settings, registry, server=server)
+        if create_stream:
+            await store.ensure_stream()
+        return store
+
+    async def close(self) -> None:
+        """Close the connection (and stop the embedded server, if this store started one)."""
+        await self._inbox.close()
+        if not self.nc.is_closed:
+            await self.nc.drain()
+        if self.server is not None:
+            self.server.close()
+
+    async def __aenter__(self) -> "EventStore":
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    # -- the stream ---------------------------------------------------------
+
+    def stream_config(self) -> StreamConfig:
+        """The stream settings an event store needs (see the README's 'Stream layout')."""
+        s = self.settings
+        limited = any(v is not None for v in (s.max_age_s, s.max_msgs, s.max_bytes))
+        return StreamConfig(
+            name=s.stream,
+            subjects=[f"{s.subject_prefix}.>"],
+            storage=StorageType.FILE,
+            retention=RetentionPolicy.LIMITS,
+            discard=DiscardPolicy.NEW if limited else DiscardPolicy.OLD,
+            max_age=s.max_age_s,
+            max_msgs=s.max_msgs or -1,
+            max_bytes=s.max_bytes or -1,
+            duplicate_window=s.duplicate_window_s,
+            num_replicas=s.replicas,
+            deny_delete=True,
+            deny_purge=True,
+            allow_direct=True,
+            allow_atomic=True,
+        )
+
+    async def ensure_stream(self) -> None:
+        """Create the stream if it does not exist; check it if it does. Never changes an existing stream."""
+        js = self.nc.jetstream(timeout=self.settings.request_timeout_s)
+        wanted = self.stream_config()
+        try:
+            info = await js.stream_info(self.settings.stream)
+        except NotFoundError:
+            try:
+                await js.add_stream(wanted)
+                return
+            except NatsError as exc:
+                raise StreamConfigError(f"Could not create stream {self.settings.stream!r}: {exc}") from exc
+        except (NatsError, asyncio.TimeoutError) as exc:
+            raise ServerUnavailableError(
+                f"Could not read stream {self.settings.stream!r}: {exc}. Is JetStream enabled on the server (-js)?"
+            ) from exc
+        have = info.config
+        problems = []
+        if wanted.subjects and wanted.subjects[0] not in (have.subjects or []):
+            problems.append(f"subjects {have.subjects} do not include {wanted.subjects[0]!r}")
+        if have.storage != StorageType.FILE:
+            problems.append("storage is not file")
+        if have.retention not in (None, RetentionPolicy.LIMITS):
+            problems.append(f"retention is {have.retention}, which deletes events once consumed (need limits)")
+        if not have.deny_delete or not have.deny_purge:
+            problems.append("deletes or purges are allowed (need deny_delete and deny_purge)")
+        if not have.allow_direct:
+            problems.append("direct get is not allowed (need allow_direct)")
+        if not have.allow_atomic:
+            problems.append("atomic batch publish is not allowed (need allow_atomic)")
+        has_limits = bool(have.max_age) or (have.max_msgs or -1) > 0 or (have.max_bytes or -1) > 0
+        if has_limits and have.discard != DiscardPolicy.NEW:
+            problems.append("it has limits with discard policy 'old', which silently drops events (need 'new')")
+        if problems:
+            raise StreamConfigError(
+                f"Stream {self.settings.stream!r} exists with settings unfit for an event store: "
+                + "; ".join(problems)
+                + ". jetsourcing never changes an existing stream: fix it with the nats CLI, or use another "
+                "stream name (JETSOURCING_STREAM)."
+            )
+
+    # -- writing ------------------------------------------------------------
+
+    async def append(
+        self,
+        stream_id: StreamId,
+        events: Sequence[BaseModel],
+        expected_version: ExpectedVersion = ANY,
+        *,
+        expected_position: int | None = None,
+        idempotency_key: str | None = None,
+        correlation_id: str | None = None,
+        causation_id: str | None = None,
+    ) -> AppendResult:
+        """Append ``events`` to one entity, atomically, if it is at ``expected_version``.
+
+        Raises :class:`ConcurrencyError` (nothing stored) if the entity moved.
+        Calling again with the same ``idempotency_key`` stores nothing new and
+        returns the first call's result with ``duplicate=True``.
+        """
+        request = EntityAppend(stream_id, events, expected_version, expected_position)
+        results = await self._appender.append(
+            [request], idempotency_key=idempotency_key, correlation_id=correlation_id, causation_id=causation_id
+        )
+        return results[0]
+
+    async def append_many(
+        self,
+        requests: Sequence[EntityAppend],
+        *,
+        idempotency_key: str | None = None,
+        correlation_id: str | None = None,
+        causation_id: str | None = None,
+    ) -> list[AppendResult]:
+        """Append to several entities in one atomic commit: all are stored, or none (e.g. a money transfer).
+
+        Each entity's expected version is checked by the server; a conflict on
+        any one rejects the whole append with :class:`ConcurrencyError`.
+        """
+        return await self._appender.append(
+            requests, idempotency_key=idempotency_key, correlation_id=correlation_id, causation_id=causation_id
+        )
+
+    def remember(self, stream_id: StreamId, version: int, position: int) -> None:
+        """Tell the store an entity's (version, position), e.g. from a snapshot, to save a lookup on append."""
+        self._appender.remember(stream_id, version, position)
+
+    # -- reading ------------------------------------------------------------
+
+    async def read(
+        self,
+        stream_id: StreamId,
+        *,
+        from_version: int = 1,
+        to_version: int | None = None,
+        from_position: int = 1,
+        consistent: bool = False,
+    ) -> list[RecordedEvent]:
+        """One entity's events, in version order (empty if it has none). See :meth:`Reader.read`."""
+        return await self._reader.read(
+            stream_id, from_version=from_version, to_version=to_version, from_position=from_position, consistent=consistent
+        )
+
+    def read_all(
+        self,
+        *,
+        from_position: int = 1,
+        to_position: int | None = None,
+        categories: Sequence[str] | None = None,
+        batch: int = 1000,
+    ) -> AsyncIterator[list[RecordedEvent]]:
+        """Every event (of ``categories``, or all) in global order, in batches, up to the last position at the start."""
+        return self._reader.read_all(
+            from_position=from_position, to_position=to_position, categories=categories, batch=batch
+        )
+
+    def subscribe(
+        self,
+        *,
+        from_position: int = 1,
+        categories: Sequence[str] | None = None,
+        batch: int = 1000,
+        heartbeat_s: float = 1.0,
+    ) -> AsyncIterator[list[RecordedEvent]]:
+        """Catch up from ``from_position``, then follow live, in batches; survives server restarts."""
+        return self._reader.subscribe(
+            from_position=from_position, categories=categories, batch=batch, heartbeat_s=heartbeat_s
+        )
+
+    def decode(self, seq: int, msg: Any) -> list[RecordedEvent]:
+        """Decode one raw stream message (from your own consumer) into its events."""
+        return self._reader.decode(seq, msg)
+
+    def filter_subjects(self, categories: Sequence[str] | None = None) -> list[str]:
+        """The NATS subject filters that select ``categories`` (all events when None)."""
+        return self._reader.filter_subjects(categories)
+
+    # -- inspecting ---------------------------------------------------------
+
+    async def state(self, stream_id: StreamId) -> StreamState:
+        """An entity's current version and the position of its last commit, from the server."""
+        return await self._appender.state(stream_id)
+
+    async def version(self, stream_id: StreamId) -> int:
+        """An entity's current version (its number of events; 0 if it has none)."""
+        return (await self.state(stream_id)).version
+
+    async def last_position(self) -> int:
+        """The stream's last position (0 when empty)."""
+        return await self._reader.last_position()
+
+    async def info(self) -> StoreInfo:
+        """The stream's last position, commit count and size."""
+        js = self.nc.jetstream(timeout=self.settings.request_timeout_s)
+        state = (await js.stream_info(self.settings.stream)).state
+        return StoreInfo(self.settings.stream, state.last_seq, state.first_seq, state.messages, state.bytes)
+
+    async def catalogue(self, category: str, *, offset: int = 0, limit: int = 1000) -> list[EntityInfo]:
+        """A page of a category's entities, sorted by id, each with its version (event count) and commit count."""
+        subject_filter = f"{self.settings.subject_prefix}.{validate_category(category)}.*"
+        js = self.nc.jetstream(timeout=self.settings.request_timeout_s)
+        info = await js.stream_info(self.settings.stream, subjects_filter=subject_filter)
+        subjects = sorted((info.state.subjects or {}).items())[offset : offset + limit]
+        if not subjects:
+            return []
+        lasts = await self._appender.direct_get({"multi_last": [s for s, _ in subjects], "batch": len(subjects)})
+        versions = {m.headers[Header.SUBJECT]: int(m.headers[Header.VERSION]) for m in lasts if m.headers}
+        prefix_len = len(self.settings.subject_prefix) + len(category) + 2
+        return [
+            EntityInfo(StreamId(category, decode_entity_id(s[prefix_len:])), versions.get(s, 0), commits)
+            for s, commits in subjects
+        ]
+
+
+class _Connecting:
+    """What :meth:`EventStore.connect` returns: await it, or use it as an async context manager."""
+
+    def __init__(self, coro: Coroutine[Any, Any, EventStore]) -> None:
+        self._coro = coro
+        self._store: EventStore | None = None
+
+    def __await__(self) -> Generator[Any, None, EventStore]:
+        return self._coro.__await__()
+
+    async def __aenter__(self) -> EventStore:
+        self._store = await self._coro
+        return self._store
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._store is not None:
+            await self._store.close()

@@ -1,0 +1,102 @@
+"""Stream ids: which entity an event belongs to, and the NATS subject that holds it.
+
+Every entity has its own subject, ``<prefix>.<Category>.<entity id>``.
+
+* A **category** must be a plain identifier (``[A-Za-z][A-Za-z0-9_-]*``, at most
+  64 characters); anything else is rejected with :class:`InvalidStreamIdError`.
+* An **entity id** may be any non-empty string of at most 256 characters without
+  control characters. It is encoded reversibly into one subject token: printable
+  ASCII passes through, while ``.``, ``*``, ``>``, ``%``, whitespace and
+  non-ASCII characters become ``%XX`` escapes of their UTF-8 bytes (so
+  ``alice@example.com`` is stored as ``alice@example%2Ecom``). Other NATS clients
+  read the id back with any URL-unquote function.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from urllib.parse import unquote
+
+from .errors import InvalidStreamIdError
+
+__all__ = ["StreamId", "decode_entity_id", "encode_entity_id", "validate_category"]
+
+_CATEGORY = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
+_MAX_ID_LENGTH = 256
+# Characters that may stand in a subject token as they are: printable ASCII
+# except the subject separator and wildcards, and '%' (our escape character).
+_PLAIN = frozenset(chr(c) for c in range(0x21, 0x7F)) - {".", "*", ">", "%"}
+
+
+def validate_category(category: str) -> str:
+    """Return ``category`` if it can name a category, else raise :class:`InvalidStreamIdError`."""
+    if not isinstance(category, str) or not _CATEGORY.fullmatch(category):
+        raise InvalidStreamIdError(
+            f"Invalid category {category!r}: a category must start with a letter and contain only "
+            "letters, digits, '_' or '-' (at most 64 characters), e.g. 'Account' or 'ShoppingCart'."
+        )
+    return category
+
+
+def encode_entity_id(entity_id: str) -> str:
+    """Encode an entity id into one legal NATS subject token (reversible, see module docs)."""
+    if not isinstance(entity_id, str) or not entity_id:
+        raise InvalidStreamIdError(
+            f"Invalid entity id {entity_id!r}: an entity id must be a non-empty string."
+        )
+    if len(entity_id) > _MAX_ID_LENGTH:
+        raise InvalidStreamIdError(
+            f"Invalid entity id {entity_id[:40]!r}...: it has {len(entity_id)} characters, "
+            f"at most {_MAX_ID_LENGTH} are allowed. Use a shorter key, e.g. a UUID or a hash."
+        )
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in entity_id):
+        raise InvalidStreamIdError(
+            f"Invalid entity id {entity_id!r}: control characters are not allowed in entity ids."
+        )
+    if all(ch in _PLAIN for ch in entity_id):
+        return entity_id
+    return "".join(ch if ch in _PLAIN else "".join(f"%{b:02X}" for b in ch.encode()) for ch in entity_id)
+
+
+def decode_entity_id(token: str) -> str:
+    """Turn a subject token written by :func:`encode_entity_id` back into the entity id."""
+    return unquote(token) if "%" in token else token
+
+
+@dataclass(frozen=True, slots=True)
+class StreamId:
+    """One entity's stream: its category and its id. Validated on construction.
+
+    ``str(StreamId("Account", "42"))`` is ``"Account/42"``; :meth:`parse` reads that back.
+    """
+
+    category: str
+    entity_id: str
+
+    def __post_init__(self) -> None:
+        validate_category(self.category)
+        encode_entity_id(self.entity_id)
+
+    def subject(self, prefix: str) -> str:
+        """The NATS subject holding this entity's events under ``prefix`` (e.g. ``events``)."""
+        return f"{prefix}.{self.category}.{encode_entity_id(self.entity_id)}"
+
+    @classmethod
+    def from_subject(cls, subject: str, prefix: str) -> "StreamId":
+        """Read the stream id back from a subject written by :meth:`subject`."""
+        category, _, token = subject[len(prefix) + 1 :].partition(".")
+        if not subject.startswith(prefix + ".") or not category or not token:
+            raise InvalidStreamIdError(f"Subject {subject!r} is not an event subject under {prefix!r}.")
+        return cls(category, decode_entity_id(token))
+
+    @classmethod
+    def parse(cls, text: str) -> "StreamId":
+        """Parse ``"Category/entity-id"`` (the form ``str()`` gives)."""
+        category, sep, entity_id = text.partition("/")
+        if not sep:
+            raise InvalidStreamIdError(f"{text!r} is not a stream id; write it as 'Category/entity-id'.")
+        return cls(category, entity_id)
+
+    def __str__(self) -> str:
+        return f"{self.category}/{self.entity_id}"

@@ -1,0 +1,62 @@
+"""Shared fixtures: one real nats-server per test session, an isolated stream per test.
+
+Set NATS_URL to run the suite against an external server or cluster instead.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from eventstore import EmbeddedServer, EventStore, EventStoreSettings
+
+
+@pytest.fixture(autouse=True)
+def clean_environ(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keep settings read from the environment out of tests (NATS_URL is read by the fixtures only)."""
+    for key in list(os.environ):
+        if key.startswith("JETSOURCING_"):
+            monkeypatch.delenv(key)
+
+
+@pytest.fixture(scope="session")
+def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer | None]:
+    """The session's nats-server (None when NATS_URL points at an external one)."""
+    if os.environ.get("NATS_URL"):
+        yield None
+        return
+    server = EmbeddedServer(tmp_path_factory.mktemp("nats"))
+    server.start()
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="session")
+def nats_url(nats_server: EmbeddedServer | None) -> str:
+    return nats_server.url if nats_server else os.environ["NATS_URL"]
+
+
+def unique_settings(nats_url: str, **overrides: object) -> EventStoreSettings:
+    """Settings for a stream and subject prefix that no other test uses."""
+    tag = uuid.uuid4().hex[:10]
+    values: dict[str, object] = {"nats_url": nats_url, "stream": f"T{tag}", "subject_prefix": f"t{tag}"}
+    values.update(overrides)
+    return EventStoreSettings(**values)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def settings(nats_url: str) -> EventStoreSettings:
+    return unique_settings(nats_url)
+
+
+@pytest.fixture
+async def store(settings: EventStoreSettings) -> AsyncIterator[EventStore]:
+    """A connected event store on a fresh stream of its own."""
+    store = await EventStore.connect(settings)
+    try:
+        yield store
+    finally:
+        await store.close()
