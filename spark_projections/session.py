@@ -1,0 +1,260 @@
+"""Create the Spark session batch projections run on, with Delta Lake guaranteed usable.
+
+:func:`spark_session` is the one entry point. It checks Java before a JVM exists, puts
+the Delta jars on the classpath (downloaded via Maven, or from an offline folder), makes
+Python workers use this interpreter, and verifies after start-up that Delta's classes
+really load. Start-up failures surface as typed :mod:`spark_projections.errors` with the
+JVM's own explanation, not as ``JAVA_GATEWAY_EXITED``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+from collections import deque
+from typing import Any
+
+from py4j.java_gateway import JavaClass
+from py4j.protocol import Py4JError
+from pyspark import SparkConf, SparkContext
+from pyspark.errors import PySparkRuntimeError
+from pyspark.java_gateway import launch_gateway
+from pyspark.sql import SparkSession
+
+from spark_projections.errors import DeltaNotConfiguredError, SparkStartupError
+from spark_projections.jars import delta_coordinate, diagnose_launch_failure, offline_delta_jars
+from spark_projections.java import check_java
+from spark_projections.settings import SparkSettings
+
+__all__ = [
+    "DELTA_CATALOG",
+    "DELTA_EXTENSION",
+    "SparkSettings",
+    "build_conf",
+    "ensure_delta",
+    "spark_session",
+]
+
+logger = logging.getLogger(__name__)
+
+DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
+"""Spark SQL extension that adds Delta's SQL syntax and analysis rules."""
+
+DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
+"""Session catalog implementation that makes ``USING delta`` tables work."""
+
+_LIST_KEYS = {"spark.jars": ",", "spark.jars.packages": ",", "spark.sql.extensions": ","}
+
+
+def build_conf(settings: SparkSettings) -> dict[str, str]:
+    """The complete Spark configuration :func:`spark_session` starts with.
+
+    Pure apart from validating the offline jars folder (which raises
+    :class:`~spark_projections.errors.DeltaJarsUnavailableError` when unusable), so it can
+    be inspected without a JVM. User ``extra_conf`` overrides everything, except that list
+    valued keys (jars, packages, extensions) are merged with ours rather than replaced.
+    """
+    conf: dict[str, str] = {
+        "spark.master": settings.master,
+        "spark.app.name": settings.app_name,
+        "spark.sql.shuffle.partitions": str(settings.shuffle_partitions),
+        "spark.ui.enabled": "true" if settings.ui_enabled else "false",
+        # Without these, Python workers run whatever `python3` is first on PATH, not this
+        # venv, and e.g. Python data sources die with ModuleNotFoundError in the workers.
+        "spark.pyspark.python": sys.executable,
+        "spark.pyspark.driver.python": sys.executable,
+        "spark.sql.extensions": DELTA_EXTENSION,
+        "spark.sql.catalog.spark_catalog": DELTA_CATALOG,
+    }
+    if settings.master.startswith("local"):
+        # Local mode never needs a routable address; binding to loopback avoids Spark
+        # picking (and warning about) whatever interface the hostname resolves to.
+        conf["spark.driver.host"] = "127.0.0.1"
+        conf["spark.driver.bindAddress"] = "127.0.0.1"
+    if settings.driver_memory is not None:
+        conf["spark.driver.memory"] = settings.driver_memory
+    if settings.delta_jars_dir is not None:
+        jars = offline_delta_jars(settings.delta_jars_dir)
+        conf["spark.jars"] = ",".join(jar.resolve().as_uri() for jar in jars)
+    else:
+        conf["spark.jars.packages"] = delta_coordinate(settings.delta_version)
+    for key, value in settings.extra_conf.items():
+        separator = _LIST_KEYS.get(key)
+        if separator is not None and key in conf:
+            ours = conf[key].split(separator)
+            theirs = [v for v in value.split(separator) if v and v not in ours]
+            conf[key] = separator.join(ours + theirs)
+        else:
+            conf[key] = value
+    return conf
+
+
+def spark_session(settings: SparkSettings | None = None) -> SparkSession:
+    """Return a Spark session in which Delta Lake works, creating it if needed.
+
+    ``settings`` defaults to ``SparkSettings()`` (i.e. ``JETSOURCING_SPARK_*`` env vars).
+    Guarantees on return: Delta's extension and catalog are configured and their classes
+    load (checked with :func:`ensure_delta`). Raises, before any JVM starts,
+    :class:`~spark_projections.errors.JavaNotFoundError` /
+    :class:`~spark_projections.errors.JavaTooOldError` and, in offline mode,
+    :class:`~spark_projections.errors.DeltaJarsUnavailableError`; when the JVM dies during
+    start-up, ``DeltaJarsUnavailableError`` (jar resolution) or
+    :class:`~spark_projections.errors.SparkStartupError` with what the JVM printed; and
+    :class:`~spark_projections.errors.DeltaNotConfiguredError` when the session came up
+    without a working Delta.
+
+    Spark keeps one JVM per Python process: if one is already running (even after
+    ``spark.stop()``), jars and static settings of the first start stay in force.
+    """
+    settings = SparkSettings() if settings is None else settings
+    conf = build_conf(settings)
+    if SparkContext._gateway is None:
+        check_java()
+        spark = _start_jvm_and_session(conf, coordinate=conf.get("spark.jars.packages"))
+    else:
+        # A JVM already runs in this process: nothing to launch, the builder reuses it
+        # (and any active SparkContext). ensure_delta() below catches a Delta-less one.
+        builder = SparkSession.builder
+        for key, value in conf.items():
+            builder = builder.config(key, value)
+        spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(settings.log_level)
+    ensure_delta(spark)
+    return spark
+
+
+def ensure_delta(spark: SparkSession) -> None:
+    """Raise :class:`~spark_projections.errors.DeltaNotConfiguredError` unless Delta works.
+
+    Checks that the session has Delta's SQL extension and catalog configured, that Delta's
+    classes are on the JVM classpath, and that the session catalog really is Delta's (the
+    point where a missing jar otherwise fails, long after a start-up warning).
+    """
+    restart = (
+        "Spark keeps one JVM per Python process and a running session cannot gain jars or "
+        "SQL extensions: create the session with spark_projections.session.spark_session() "
+        "before anything else creates one, or restart the Python process."
+    )
+    extensions = [e.strip() for e in (spark.conf.get("spark.sql.extensions", "") or "").split(",")]
+    catalog = spark.conf.get("spark.sql.catalog.spark_catalog", None)
+    if DELTA_EXTENSION not in extensions or catalog != DELTA_CATALOG:
+        raise DeltaNotConfiguredError(
+            "This Spark session was created without Delta Lake "
+            f"(spark.sql.extensions={','.join(e for e in extensions if e) or '<unset>'}, "
+            f"spark.sql.catalog.spark_catalog={catalog or '<unset>'}). {restart}"
+        )
+    jvm: Any = spark.sparkContext._jvm
+    if not isinstance(jvm.io.delta.tables.DeltaTable, JavaClass):
+        raise DeltaNotConfiguredError(
+            "Delta Lake is configured in this Spark session but its classes are not on the "
+            "classpath (Spark only warned about it at start-up). The jars were not loaded: "
+            "check spark.jars / spark.jars.packages of the process's first session. "
+            + restart
+        )
+    try:
+        jsession: Any = spark._jsparkSession
+        loaded = jsession.sessionState().catalogManager().v2SessionCatalog().getClass().getName()
+    except Py4JError as exc:
+        raise DeltaNotConfiguredError(
+            f"Delta's session catalog could not be loaded: {_first_line(exc)}. {restart}"
+        ) from exc
+    if loaded != DELTA_CATALOG:
+        raise DeltaNotConfiguredError(
+            f"The session catalog is {loaded}, not Delta's {DELTA_CATALOG}. {restart}"
+        )
+
+
+def _start_jvm_and_session(conf: dict[str, str], *, coordinate: str | None) -> SparkSession:
+    """Launch the JVM ourselves so its stderr can be captured, then build the session.
+
+    PySpark lets the JVM inherit stderr, so when it dies during start-up the only thing
+    Python learns is ``JAVA_GATEWAY_EXITED``. We pass a pipe instead: a thread forwards
+    everything to our stderr (Spark's logs keep appearing as usual) and keeps the tail,
+    which :func:`~spark_projections.jars.diagnose_launch_failure` reads on failure.
+    """
+    spark_conf = SparkConf(loadDefaults=False)
+    spark_conf.setAll(list(conf.items()))
+    tee = _StderrTee()
+    try:
+        # launch_gateway is unannotated upstream; its `popen_kwargs` is the documented hook
+        # for "capturing stdout/stderr".
+        gateway = launch_gateway(  # type: ignore[no-untyped-call]
+            spark_conf, popen_kwargs={"stderr": tee.write_fd}
+        )
+    except PySparkRuntimeError as exc:
+        tee.close_write_end()
+        tee.wait_for_eof(timeout=10.0)
+        raise diagnose_launch_failure(tee.text(), coordinate=coordinate) from exc
+    tee.close_write_end()
+    try:
+        # Passing the gateway makes SparkContext reuse this JVM instead of launching one.
+        context = SparkContext(conf=spark_conf, gateway=gateway)
+    except Py4JError as exc:
+        raise SparkStartupError(
+            f"Spark failed to create its context: {_first_line(exc)}", jvm_output=tee.text()
+        ) from exc
+    finally:
+        # Past start-up the tail is no longer needed; forwarding continues.
+        tee.stop_recording()
+    return SparkSession(context)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    for line in text.splitlines():
+        if line.strip() and not line.startswith("An error occurred while calling"):
+            return line.strip().lstrip(": ")
+    return text or type(exc).__name__
+
+
+class _StderrTee:
+    """A pipe to hand to the JVM as stderr: forwarded to our fd 2, tail kept in memory."""
+
+    def __init__(self, max_lines: int = 400) -> None:
+        read_fd, self.write_fd = os.pipe()
+        self._lines: deque[str] = deque(maxlen=max_lines)
+        self._recording = True
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(
+            target=self._pump, args=(read_fd,), name="spark-jvm-stderr", daemon=True
+        )
+        self._thread.start()
+
+    def _pump(self, read_fd: int) -> None:
+        with os.fdopen(read_fd, "rb") as source:
+            for line in iter(source.readline, b""):
+                try:
+                    _write_all(2, line)
+                except OSError:  # our stderr is gone; keep draining so the JVM never blocks
+                    pass
+                with self._lock:
+                    if self._recording:
+                        self._lines.append(line.decode("utf-8", errors="replace").rstrip("\n"))
+
+    def close_write_end(self) -> None:
+        """Close our copy of the write end; the JVM keeps its own until it exits."""
+        if self.write_fd >= 0:
+            os.close(self.write_fd)
+            self.write_fd = -1
+
+    def wait_for_eof(self, timeout: float) -> None:
+        """Wait until every writer closed the pipe (the JVM exited) or ``timeout`` passes."""
+        self._thread.join(timeout)
+
+    def stop_recording(self) -> None:
+        with self._lock:
+            self._recording = False
+            self._lines.clear()
+
+    def text(self) -> str:
+        with self._lock:
+            return "\n".join(self._lines)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]

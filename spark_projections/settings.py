@@ -1,0 +1,99 @@
+"""Settings for the Spark session used by batch projections.
+
+:class:`SparkSettings` reads ``JETSOURCING_SPARK_*`` environment variables (explicit
+constructor arguments win over them), so a deployment can switch e.g. to offline jars
+or another master without code changes::
+
+    JETSOURCING_SPARK_MASTER=local[4]
+    JETSOURCING_SPARK_DELTA_JARS_DIR=/opt/jetsourcing/delta-jars
+    JETSOURCING_SPARK_EXTRA_CONF='{"spark.driver.memory": "4g"}'
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, PositiveInt
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["DELTA_MAVEN_VERSION", "TEST_PROFILE_CONF", "SparkSettings"]
+
+DELTA_MAVEN_VERSION = "4.4.0"
+"""Version of ``io.delta:delta-spark_<spark>_2.13`` put on the classpath by default.
+
+Deliberately pinned rather than taken from the installed ``delta-spark`` wheel (which is
+what ``delta.configure_spark_with_delta_pip`` does): the wheel is 4.4.1, but Maven Central
+only publishes ``delta-spark_4.2_2.13`` 4.4.0, so the wheel-derived coordinate cannot be
+resolved and Spark would not start. The Python ``delta`` package is a thin py4j wrapper;
+the same major.minor (4.4) is what has to match, which a test checks.
+"""
+
+TEST_PROFILE_CONF: dict[str, str] = {
+    # Tiny data on 2 cores: more tasks only add scheduling overhead.
+    "spark.default.parallelism": "2",
+    # Delta replays its log with 50 partitions by default; pointless for test tables.
+    "spark.databricks.delta.snapshotPartitions": "2",
+    # Progress bars interleave with pytest output.
+    "spark.ui.showConsoleProgress": "false",
+    # Timestamps must not depend on the machine running the tests.
+    "spark.sql.session.timeZone": "UTC",
+}
+"""Extra Spark configuration of :meth:`SparkSettings.test_profile`."""
+
+
+class SparkSettings(BaseSettings):
+    """How to build the projection Spark session (see :func:`spark_projections.session.spark_session`).
+
+    Every field can be set with an environment variable ``JETSOURCING_SPARK_<FIELD>``
+    (``extra_conf`` as a JSON object). Instances are immutable.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="JETSOURCING_SPARK_", frozen=True, extra="forbid")
+
+    master: str = "local[*]"
+    """Spark master URL."""
+
+    app_name: str = "jetsourcing"
+    """Spark application name (shown in logs and the UI)."""
+
+    shuffle_partitions: PositiveInt = 16
+    """``spark.sql.shuffle.partitions``; Spark's default of 200 is far too many for one machine."""
+
+    delta_version: str = DELTA_MAVEN_VERSION
+    """Delta Lake version resolved from Maven Central in online mode."""
+
+    delta_jars_dir: Path | None = None
+    """Offline mode: folder of jars (see ``jetsourcing-spark fetch-delta-jars``); no download."""
+
+    driver_memory: str | None = None
+    """``spark.driver.memory`` (e.g. ``"4g"``); only effective when this call starts the JVM."""
+
+    ui_enabled: bool = False
+    """Start the Spark web UI. Off by default: batch jobs rarely need it and it opens a port."""
+
+    log_level: Literal["ALL", "DEBUG", "INFO", "WARN", "ERROR", "FATAL", "OFF"] = "WARN"
+    """Log level applied to the SparkContext once it exists."""
+
+    extra_conf: dict[str, str] = Field(default_factory=dict)
+    """Any further Spark configuration; applied last, so it overrides the values above
+    (``spark.jars``, ``spark.jars.packages`` and ``spark.sql.extensions`` are merged instead)."""
+
+    @classmethod
+    def test_profile(cls, **overrides: Any) -> SparkSettings:
+        """Settings for a tiny, quiet, deterministic test session.
+
+        ``local[2]``, no UI, 2 shuffle partitions, UTC, plus :data:`TEST_PROFILE_CONF`;
+        keyword ``overrides`` replace any of these fields. Fields not given still read
+        ``JETSOURCING_SPARK_*`` (e.g. ``DELTA_JARS_DIR`` to run the tests offline).
+        """
+        values: dict[str, Any] = {
+            "master": "local[2]",
+            "app_name": "jetsourcing-tests",
+            "shuffle_partitions": 2,
+            "ui_enabled": False,
+            "log_level": "ERROR",
+            "extra_conf": dict(TEST_PROFILE_CONF),
+        }
+        values.update(overrides)
+        return cls(**values)
