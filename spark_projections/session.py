@@ -61,8 +61,10 @@ def build_conf(settings: SparkSettings) -> dict[str, str]:
         "spark.app.name": settings.app_name,
         "spark.sql.shuffle.partitions": str(settings.shuffle_partitions),
         "spark.ui.enabled": "true" if settings.ui_enabled else "false",
-        # Without these, Python workers run whatever `python3` is first on PATH, not this
-        # venv, and e.g. Python data sources die with ModuleNotFoundError in the workers.
+        # Without this interpreter, Python workers run whatever `python3` is first on PATH,
+        # not this venv, and UDFs / Python data sources die with ModuleNotFoundError. These
+        # confs cover spark-submit and cluster managers; for the local driver PySpark only
+        # reads PYSPARK_PYTHON, see _use_python_workers().
         "spark.pyspark.python": sys.executable,
         "spark.pyspark.driver.python": sys.executable,
         "spark.sql.extensions": DELTA_EXTENSION,
@@ -121,8 +123,20 @@ def spark_session(settings: SparkSettings | None = None) -> SparkSession:
             builder = builder.config(key, value)
         spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(settings.log_level)
+    _use_python_workers(spark, conf["spark.pyspark.python"])
     ensure_delta(spark)
     return spark
+
+
+def _use_python_workers(spark: SparkSession, python: str) -> None:
+    """Make Python UDFs and data sources of this context run on ``python``.
+
+    PySpark's SparkContext takes the worker interpreter from the PYSPARK_PYTHON environment
+    variable (default ``python3`` from PATH) and ignores ``spark.pyspark.python``; every
+    Python function it ships to the JVM carries ``sc.pythonExec``. Setting it here covers
+    contexts we created and ones that already existed.
+    """
+    spark.sparkContext.pythonExec = python
 
 
 def ensure_delta(spark: SparkSession) -> None:

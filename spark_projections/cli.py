@@ -1,0 +1,99 @@
+"""``jetsourcing-spark``: operate the Spark side of jetsourcing from a shell.
+
+Sub-commands:
+
+* ``check`` - start a session from ``JETSOURCING_SPARK_*`` settings, do a Delta round trip
+  in a temporary folder and print what was used (Java, Spark, jars, start-up time);
+* ``fetch-delta-jars DIR`` - resolve the Delta jars online and copy them into ``DIR``, for
+  machines without network access (``JETSOURCING_SPARK_DELTA_JARS_DIR=DIR``).
+
+Exit status 0 on success, 2 with a one-paragraph explanation (no stack trace) when a
+:class:`~spark_projections.errors.SparkProjectionError` occurs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from spark_projections.errors import SparkProjectionError
+
+__all__ = ["main"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI with ``argv`` (default: ``sys.argv[1:]``) and return the exit status."""
+    parser = argparse.ArgumentParser(
+        prog="jetsourcing-spark", description="Operate the Spark side of jetsourcing."
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("check", help="start Spark with Delta and do a Delta round trip")
+    fetch = commands.add_parser(
+        "fetch-delta-jars", help="download the Delta jars into a folder for offline use"
+    )
+    fetch.add_argument("dest", type=Path, help="folder to copy the jars into (created)")
+    fetch.add_argument("--delta-version", help="Delta version to resolve (default: settings)")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "check":
+            return _check()
+        return _fetch(args.dest, args.delta_version)
+    except SparkProjectionError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _check() -> int:
+    # Imported here so `--help` stays instant and never touches Spark.
+    from spark_projections.delta import full_rebuild, recorded_position
+    from spark_projections.java import check_java
+    from spark_projections.session import SparkSettings, spark_session
+
+    settings = SparkSettings()
+    java = check_java()
+    started = time.monotonic()
+    spark = spark_session(settings)
+    elapsed = time.monotonic() - started
+    with tempfile.TemporaryDirectory(prefix="jetsourcing-check-") as tmp:
+        table = Path(tmp) / "check"
+        frame = spark.createDataFrame([(1, "ok")], "id BIGINT, status STRING")
+        full_rebuild(frame, table, app_id="jetsourcing-check", position=1)
+        rows = spark.read.format("delta").load(str(table)).collect()
+        position = recorded_position(spark, table, "jetsourcing-check")
+    jars = spark.sparkContext.getConf().get("spark.jars") or ""
+    print(f"java: {java.version} ({java.executable})")
+    print(f"spark: {spark.version} master={spark.sparkContext.master}")
+    if settings.delta_jars_dir is not None:
+        print(f"delta jars: offline from {settings.delta_jars_dir}")
+    else:
+        print(f"delta jars: {spark.conf.get('spark.jars.packages')} (Maven)")
+    print(f"classpath jars: {len([j for j in jars.split(',') if j])}")
+    print(f"session start: {elapsed:.1f}s")
+    ok = [tuple(r) for r in rows] == [(1, "ok")] and position == 1
+    print(f"delta round trip: {'ok' if ok else 'FAILED'}")
+    return 0 if ok else 1
+
+
+def _fetch(dest: Path, delta_version: str | None) -> int:
+    from spark_projections.jars import export_delta_jars, offline_delta_jars
+    from spark_projections.session import SparkSettings, spark_session
+
+    settings = SparkSettings()
+    # Always resolve online, whatever the environment says about offline jars.
+    update: dict[str, object] = {"delta_jars_dir": None}
+    if delta_version:
+        update["delta_version"] = delta_version
+    spark = spark_session(settings.model_copy(update=update))
+    copied = export_delta_jars(spark, dest)
+    offline_delta_jars(dest)  # prove the folder is usable before saying so
+    print(f"copied {len(copied)} jars into {dest}")
+    print(f"use them with: JETSOURCING_SPARK_DELTA_JARS_DIR={dest.resolve()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,483 @@
+"""Materialise projection results into Delta tables, exactly once per stream position.
+
+The DataFrame can come from anywhere; what this module adds is the bookkeeping that makes
+a projection restartable:
+
+* every commit carries Delta's idempotent-write identity ``(txnAppId=app_id,
+  txnVersion=position)``, so Delta itself refuses to apply the same position twice - a
+  retry after a crash, or a second job racing the first, becomes a no-op;
+* every commit records ``{"jetsourcing.app_id", "jetsourcing.position",
+  "jetsourcing.mode"}`` as JSON commit user metadata, so the table's history says which
+  stream position each version reflects.
+
+``position`` is the stream sequence number of the last event the data reflects. Delta
+skips a write whose ``txnVersion`` is not greater than the one recorded for its app id,
+so positions must grow per ``app_id``; to rebuild at (or rewind to) a position already
+recorded - e.g. because the projection's code changed - use a new ``app_id`` (for
+instance one that includes the projection's version).
+
+Row deletion: give the updates a boolean tombstone column (``deleted_col``); rows with
+``true`` there are removed from the table (merge) or left out (rebuild), and the column
+itself is never stored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from delta.exceptions import (
+    ConcurrentAppendException,
+    ConcurrentDeleteDeleteException,
+    ConcurrentDeleteReadException,
+    ConcurrentTransactionException,
+    ConcurrentWriteException,
+    DeltaConcurrentModificationException,
+    MetadataChangedException,
+    ProtocolChangedException,
+)
+from delta.tables import DeltaTable
+from py4j.protocol import Py4JError
+from pyspark import StorageLevel
+from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from spark_projections.errors import DuplicateKeysError, SchemaMismatchError
+
+__all__ = [
+    "METADATA_APP_ID",
+    "METADATA_MODE",
+    "METADATA_POSITION",
+    "TXN_APP_ID_CONF",
+    "TXN_VERSION_CONF",
+    "USER_METADATA_CONF",
+    "HistoryEntry",
+    "WriteResult",
+    "full_rebuild",
+    "incremental_merge",
+    "latest_per_key",
+    "position_from_history",
+    "recorded_position",
+    "table_history",
+]
+
+METADATA_APP_ID = "jetsourcing.app_id"
+METADATA_POSITION = "jetsourcing.position"
+METADATA_MODE = "jetsourcing.mode"
+
+# Delta reads a DML command's (MERGE/UPDATE/DELETE) idempotency identity and commit
+# metadata from these session confs - the DeltaTable API has no per-call options - and
+# leaves them set after the commit. They are therefore only ever set on a private
+# session (see _isolated_session) and unset again in `finally`.
+TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
+TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
+USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
+
+_CONFLICTS: tuple[type[Exception], ...] = (
+    DeltaConcurrentModificationException,
+    ConcurrentWriteException,
+    MetadataChangedException,
+    ProtocolChangedException,
+    ConcurrentAppendException,
+    ConcurrentDeleteReadException,
+    ConcurrentDeleteDeleteException,
+    ConcurrentTransactionException,
+)
+
+PathLike = str | os.PathLike[str]
+Mode = Literal["rebuild", "merge"]
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    """Outcome of :func:`full_rebuild` / :func:`incremental_merge`.
+
+    ``applied`` is true iff a commit recording ``(app_id, position)`` appeared in the
+    table during the call (false: the position was already recorded, nothing changed).
+    ``table_version`` is the table's latest version after the call (-1: no table).
+    ``recorded_position`` is what :func:`recorded_position` returns for the app id now.
+    """
+
+    applied: bool
+    table_version: int
+    recorded_position: int | None
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    """One commit of a Delta table as :func:`table_history` reports it.
+
+    ``position``, ``app_id`` and ``mode`` come from the commit's jetsourcing user metadata
+    and are ``None`` for commits not made by this module (e.g. OPTIMIZE, VACUUM).
+    """
+
+    version: int
+    operation: str
+    timestamp: datetime
+    position: int | None
+    app_id: str | None
+    mode: str | None
+
+
+def full_rebuild(
+    df: DataFrame,
+    path: PathLike,
+    *,
+    app_id: str,
+    position: int,
+    partition_by: Sequence[str] = (),
+    deleted_col: str | None = None,
+) -> WriteResult:
+    """Replace the table at ``path`` with ``df`` in ONE Delta commit, recording ``position``.
+
+    Overwrites data and schema (``overwriteSchema``) and partitioning; creates the table
+    if absent. The commit carries ``txnAppId=app_id, txnVersion=position`` and the
+    position in its user metadata. If ``position`` is already recorded for ``app_id``
+    (retry, concurrent twin, or an older position), nothing is written and
+    ``applied=False`` - Delta enforces this even when two jobs race past our own check.
+    With ``deleted_col``, rows whose tombstone is true are left out and the column dropped.
+    """
+    _check_identity(app_id, position)
+    target = os.fspath(path)
+    spark = df.sparkSession
+    already = recorded_position(spark, target, app_id)
+    if already is not None and already >= position:
+        return WriteResult(False, _table_version(spark, target), already)
+    version_before = _table_version(spark, target)
+    writer = (
+        _drop_tombstones(df, deleted_col)
+        .write.format("delta")
+        .mode("overwrite")
+        .option("overwriteSchema", "true")
+        .option("txnAppId", app_id)
+        .option("txnVersion", str(position))
+        .option("userMetadata", _user_metadata(app_id, position, "rebuild"))
+    )
+    if partition_by:
+        writer = writer.partitionBy(*partition_by)
+    try:
+        writer.save(target)
+    except _CONFLICTS:
+        # A concurrent writer committed first. If it recorded this position, the work
+        # is done (by it); any other conflict is the caller's to retry.
+        if not _position_reached(spark, target, app_id, position):
+            raise
+    return _result(spark, target, app_id, position, version_before)
+
+
+def incremental_merge(
+    updates_df: DataFrame,
+    path: PathLike,
+    *,
+    keys: Sequence[str],
+    app_id: str,
+    position: int,
+    deleted_col: str | None = None,
+) -> WriteResult:
+    """Upsert one-row-per-key ``updates_df`` into the table at ``path`` in ONE commit.
+
+    Matched keys get the update's values, new keys are inserted; with ``deleted_col``,
+    keys whose tombstone is true are deleted (and not inserted). Keys compare with
+    null-safe equality. Creates the table (from the non-deleted rows) when absent. The
+    commit carries ``txnAppId=app_id, txnVersion=position`` and the position in its user
+    metadata; when the position is already recorded nothing happens (``applied=False``).
+
+    Raises :class:`~spark_projections.errors.DuplicateKeysError` when a key has several
+    rows, :class:`~spark_projections.errors.SchemaMismatchError` when the columns differ
+    from the table's, ``ValueError`` for unusable arguments. ``updates_df`` is computed
+    once (persisted) for the duplicate check and the merge.
+    """
+    _check_identity(app_id, position)
+    keys = list(keys)
+    columns = list(updates_df.columns)
+    if not keys:
+        raise ValueError("incremental_merge needs at least one key column")
+    unknown = [k for k in [*keys, *([deleted_col] if deleted_col else [])] if k not in columns]
+    if unknown:
+        raise ValueError(f"columns {unknown} are not in the updates ({columns})")
+    if deleted_col in keys:
+        raise ValueError(f"the tombstone column {deleted_col!r} cannot be a key")
+    target = os.fspath(path)
+    spark = updates_df.sparkSession
+    already = recorded_position(spark, target, app_id)
+    if already is not None and already >= position:
+        return WriteResult(False, _table_version(spark, target), already)
+    version_before = _table_version(spark, target)
+
+    # Persist so the duplicate check and the merge see the same rows and the source is
+    # read once; released in `finally`.
+    updates = updates_df.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        _check_one_row_per_key(updates, keys)
+        try:
+            if version_before < 0:
+                _create_from_updates(updates, target, app_id, position, deleted_col)
+            else:
+                _merge(updates, target, keys, app_id, position, deleted_col)
+        except _CONFLICTS:
+            if not _position_reached(spark, target, app_id, position):
+                raise
+    finally:
+        updates.unpersist()
+    return _result(spark, target, app_id, position, version_before)
+
+
+def recorded_position(spark: SparkSession, path: PathLike, app_id: str) -> int | None:
+    """The highest stream position the table at ``path`` reflects for ``app_id``.
+
+    Read from the Delta transaction identity recorded for ``app_id`` - the very value
+    Delta compares against to skip repeated writes. ``None`` when there is no table or
+    nothing was recorded for ``app_id``. Should Delta's (internal) log API be unavailable,
+    falls back to :func:`position_from_history`.
+    """
+    target = os.fspath(path)
+    try:
+        snapshot = _snapshot(spark, target)
+        if snapshot.version() < 0:
+            return None
+        recorded = snapshot.transactions().get(app_id)
+        return int(recorded.get()) if recorded.isDefined() else None
+    except Py4JError:
+        return position_from_history(spark, target, app_id)
+
+
+def position_from_history(spark: SparkSession, path: PathLike, app_id: str) -> int | None:
+    """The position in the newest commit whose user metadata was written for ``app_id``.
+
+    Independent of Delta internals, but only sees commits still in the log (Delta cleans
+    up old log entries after ``delta.logRetentionDuration``, 30 days by default).
+    """
+    for entry in table_history(spark, path):
+        if entry.app_id == app_id and entry.position is not None:
+            return entry.position
+    return None
+
+
+def table_history(spark: SparkSession, path: PathLike) -> list[HistoryEntry]:
+    """The table's commits, newest first, with the jetsourcing metadata decoded.
+
+    Empty when there is no Delta table at ``path``.
+    """
+    target = os.fspath(path)
+    if not DeltaTable.isDeltaTable(spark, target):
+        return []
+    rows = (
+        DeltaTable.forPath(spark, target)
+        .history()
+        .select("version", "operation", "timestamp", "userMetadata")
+        .orderBy(F.col("version").desc())
+        .collect()
+    )
+    return [_history_entry(row.asDict()) for row in rows]
+
+
+def latest_per_key(df: DataFrame, keys: Sequence[str], order_col: str) -> DataFrame:
+    """Keep, for each key, the row with the greatest ``order_col`` (e.g. stream sequence).
+
+    ``order_col`` must be unique within a key (a stream position is); with ties, which of
+    the tied rows survives is unspecified. Output has the input's columns.
+    """
+    if not keys:
+        raise ValueError("latest_per_key needs at least one key column")
+    rank = "__jetsourcing_rank"
+    window = Window.partitionBy(*keys).orderBy(F.col(order_col).desc())
+    return df.withColumn(rank, F.row_number().over(window)).where(F.col(rank) == 1).drop(rank)
+
+
+# --- internals -------------------------------------------------------------------------
+
+
+def _check_identity(app_id: str, position: int) -> None:
+    if not isinstance(app_id, str) or not app_id.strip():
+        raise ValueError(f"app_id must be a non-empty string, got {app_id!r}")
+    # bool is an int subclass; True as a position is a bug, not position 1.
+    if isinstance(position, bool) or not isinstance(position, int) or position < 0:
+        raise ValueError(f"position must be an int >= 0, got {position!r}")
+
+
+def _user_metadata(app_id: str, position: int, mode: Mode) -> str:
+    return json.dumps(
+        {METADATA_APP_ID: app_id, METADATA_POSITION: position, METADATA_MODE: mode},
+        sort_keys=True,
+    )
+
+
+def _history_entry(row: dict[str, Any]) -> HistoryEntry:
+    position: int | None = None
+    app_id: str | None = None
+    mode: str | None = None
+    raw = row.get("userMetadata")
+    if raw:
+        try:
+            meta = json.loads(raw)
+        except ValueError:  # someone else's free-text metadata
+            meta = None
+        if isinstance(meta, dict) and isinstance(meta.get(METADATA_POSITION), int):
+            position = meta[METADATA_POSITION]
+            app_id = meta.get(METADATA_APP_ID)
+            mode = meta.get(METADATA_MODE)
+    return HistoryEntry(
+        version=int(row["version"]),
+        operation=str(row["operation"]),
+        timestamp=row["timestamp"],
+        position=position,
+        app_id=app_id,
+        mode=mode,
+    )
+
+
+def _snapshot(spark: SparkSession, target: str) -> Any:
+    """A freshly updated Delta snapshot of ``target`` (version -1 when no table).
+
+    Delta's Python API exposes neither the recorded transaction identities nor a cheap
+    "current version", so this reaches the JVM DeltaLog directly.
+    """
+    jvm: Any = spark.sparkContext._jvm
+    jsession: Any = spark._jsparkSession
+    return jvm.org.apache.spark.sql.delta.DeltaLog.forTableWithSnapshot(jsession, target)._2()
+
+
+def _table_version(spark: SparkSession, target: str) -> int:
+    try:
+        return int(_snapshot(spark, target).version())
+    except Py4JError:
+        history = table_history(spark, target)
+        return history[0].version if history else -1
+
+
+def _position_reached(spark: SparkSession, target: str, app_id: str, position: int) -> bool:
+    recorded = recorded_position(spark, target, app_id)
+    return recorded is not None and recorded >= position
+
+
+def _result(
+    spark: SparkSession, target: str, app_id: str, position: int, version_before: int
+) -> WriteResult:
+    """Whether a commit for (app_id, position) appeared after ``version_before``.
+
+    Delta skips a repeated idempotent write silently, so success of the call says nothing;
+    the new commits' metadata does.
+    """
+    version_after = _table_version(spark, target)
+    applied = False
+    if version_after > version_before:
+        limit = version_after - version_before
+        rows = DeltaTable.forPath(spark, target).history(limit).collect()
+        for row in rows:
+            entry = _history_entry(row.asDict())
+            if entry.version > version_before and (entry.app_id, entry.position) == (
+                app_id,
+                position,
+            ):
+                applied = True
+                break
+    return WriteResult(applied, version_after, recorded_position(spark, target, app_id))
+
+
+def _drop_tombstones(df: DataFrame, deleted_col: str | None) -> DataFrame:
+    if deleted_col is None:
+        return df
+    return df.where(~_is_deleted(F.col(deleted_col))).drop(deleted_col)
+
+
+def _is_deleted(column: Column) -> Column:
+    # A null tombstone means "not deleted".
+    return F.coalesce(column, F.lit(False))
+
+
+def _check_one_row_per_key(updates: DataFrame, keys: list[str]) -> None:
+    duplicates = (
+        updates.groupBy(*[F.col(_quote(k)) for k in keys])
+        .count()
+        .where(F.col("count") > 1)
+        .limit(5)
+        .collect()
+    )
+    if duplicates:
+        raise DuplicateKeysError(keys, [tuple(row) for row in duplicates])
+
+
+def _create_from_updates(
+    updates: DataFrame, target: str, app_id: str, position: int, deleted_col: str | None
+) -> None:
+    # Append (not overwrite): if another job creates the table concurrently, Delta's
+    # conflict detection sees both, instead of one silently replacing the other.
+    (
+        _drop_tombstones(updates, deleted_col)
+        .write.format("delta")
+        .mode("append")
+        .option("txnAppId", app_id)
+        .option("txnVersion", str(position))
+        .option("userMetadata", _user_metadata(app_id, position, "merge"))
+        .save(target)
+    )
+
+
+def _merge(
+    updates: DataFrame,
+    target: str,
+    keys: list[str],
+    app_id: str,
+    position: int,
+    deleted_col: str | None,
+) -> None:
+    spark = updates.sparkSession
+    table_columns = DeltaTable.forPath(spark, target).toDF().columns
+    value_columns = [c for c in updates.columns if c != deleted_col]
+    missing = [c for c in table_columns if c not in value_columns]
+    extra = [c for c in value_columns if c not in table_columns]
+    if missing or extra:
+        raise SchemaMismatchError(target, missing, extra)
+
+    session = _isolated_session(spark)
+    settings = {
+        TXN_APP_ID_CONF: app_id,
+        TXN_VERSION_CONF: str(position),
+        USER_METADATA_CONF: _user_metadata(app_id, position, "merge"),
+    }
+    for key, value in settings.items():
+        session.conf.set(key, value)
+    try:
+        condition = " AND ".join(f"t.{_quote(k)} <=> s.{_quote(k)}" for k in keys)
+        values: dict[str, str | Column] = {_quote(c): f"s.{_quote(c)}" for c in value_columns}
+        builder = DeltaTable.forPath(session, target).alias("t").merge(updates.alias("s"), condition)
+        if deleted_col is None:
+            builder = builder.whenMatchedUpdate(set=values).whenNotMatchedInsert(values=values)
+        else:
+            deleted = _is_deleted(F.col(f"s.{_quote(deleted_col)}"))
+            # Clauses are tried in order: a tombstone deletes, anything else updates.
+            builder = (
+                builder.whenMatchedDelete(condition=deleted)
+                .whenMatchedUpdate(set=values)
+                .whenNotMatchedInsert(condition=~deleted, values=values)
+            )
+        builder.execute()
+    finally:
+        for key in settings:
+            session.conf.unset(key)
+
+
+def _isolated_session(spark: SparkSession) -> SparkSession:
+    """A session sharing ``spark``'s context and runtime SQL settings, but not its conf.
+
+    Setting the txn confs on the caller's session would leak into every other write made
+    on it meanwhile (other threads included), which Delta would then silently skip or
+    stamp with our identity.
+    """
+    session = spark.newSession()
+    for key, value in spark.conf.getAll.items():
+        if spark.conf.isModifiable(key) and key not in (
+            TXN_APP_ID_CONF,
+            TXN_VERSION_CONF,
+            USER_METADATA_CONF,
+        ):
+            session.conf.set(key, value)
+    return session
+
+
+def _quote(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
