@@ -1,0 +1,725 @@
+"""Reactors: event handlers with side effects (send an email, call a service, issue commands), run by workers.
+
+A read model can rebuild itself; a reactor cannot take back an email. So a
+reactor does not track a checkpoint of its own: its progress is a **durable
+JetStream pull consumer** with explicit acknowledgements, named after the
+reactor, shared by every worker that runs it. If you are here to read the
+code: :class:`Reactor` (the definition), :class:`Start`, then
+:class:`ReactorWorker` (the pull loop and the verdicts), then
+:mod:`.reactor_dlq` (dead letters) and :mod:`.reactor_errors`.
+
+What a reactor guarantees:
+
+* **At-least-once.** Every event of the reactor's categories, from its start
+  position on, is handed to a handler until a handler call for it returns (or
+  the event is dead-lettered). An event can be handled **more than once**: when
+  a worker dies or is stopped after handling it but before the server recorded
+  the acknowledgement, when its handling outlives ``ack_wait_s`` without a
+  heartbeat, or when a later event of the same commit fails (the commit is
+  retried whole). Make effects idempotent: issue commands with
+  ``idempotency_key=reactor.idempotency_key(event)`` so a redelivery stores
+  nothing new (within the store's ``duplicate_window_s``).
+* **Shared work.** Any number of workers (tasks, processes, machines) run one
+  reactor; the server hands each message to one of them at a time. There is
+  no order across workers, nor within one worker with ``concurrency > 1``, nor
+  around a retry (later events go ahead while a failed one waits).
+* **Verdicts.** Handler returns for every event of a message: the message is
+  acknowledged (and the server confirms it). Handler raises: the message is
+  redelivered after ``retry_backoff_s`` (``nak`` with a delay). Handler raises
+  :class:`PoisonEvent`, or the last of ``max_deliver`` deliveries fails, or the
+  commit cannot be decoded: the event is stored in the dead-letter stream with
+  the reason, then terminated (never delivered again).
+* **Long work.** While a handler runs, the worker tells the server the message
+  is in progress (``+WPI``) every third of ``ack_wait_s``, so it is not handed
+  to another worker; a worker that dies stops doing so, and its messages go to
+  the others after ``ack_wait_s``.
+* **Start.** A new reactor starts at :meth:`Start.all`, :meth:`Start.new`, a
+  position or a time. Once its consumer exists, workers resume where it is;
+  changing ``start`` later has no effect (delete the consumer to start over).
+
+Example::
+
+    async def send_welcome(event: RecordedEvent) -> None:
+        await mailer.send(event.data.email, idempotency_key=welcome.idempotency_key(event))
+
+    welcome = Reactor("welcome-mail", handlers={"Registered": send_welcome}, categories=["User"])
+    await run_reactor(store, welcome, concurrency=8)        # runs until cancelled
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from types import MappingProxyType
+from typing import Any, Literal
+
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.errors import Error as NatsError
+from nats.errors import NoRespondersError
+from pydantic import BaseModel
+
+from eventstore import EventStore, EventStoreError, RecordedEvent, ServerUnavailableError
+from eventstore.streams import validate_category
+
+from .reactor_dlq import DeadLetterReason, ensure_dead_letter_stream, publish_dead_letter
+from .reactor_errors import DeadLetterError, PoisonEvent, ReactorConfigError, ReactorConsumerError, ReactorError
+
+__all__ = ["Handler", "Reactor", "ReactorStats", "ReactorWorker", "Start", "run_reactor"]
+
+log = logging.getLogger("jetsourcing.reactors")
+
+Handler = Callable[[RecordedEvent], Awaitable[object]]
+"""An async function called with one event; it returns when the event's effect is done and raises when not."""
+
+_NS = 1_000_000_000
+_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_CONSUMER_NOT_FOUND = 10014
+_STREAM_NOT_FOUND = 10059
+_CONSUMER_EXISTS = (10013, 10148)  # "consumer name already in use", "consumer already exists"
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    """Where a *new* reactor begins: every stored event, new events only, a position, or a time.
+
+    It applies only when the reactor's consumer is first created; after that,
+    workers resume where the consumer is.
+    """
+
+    policy: Literal["all", "new", "position", "time"]
+    position: int | None = None
+    at: datetime | None = None
+
+    @classmethod
+    def all(cls) -> "Start":
+        """Handle every stored event of the reactor's categories, then new ones."""
+        return cls("all")
+
+    @classmethod
+    def new(cls) -> "Start":
+        """Handle only events appended after the reactor's consumer is created."""
+        return cls("new")
+
+    @classmethod
+    def from_position(cls, position: int) -> "Start":
+        """Handle events at ``position`` and after (positions are the store's global order, from 1)."""
+        if not isinstance(position, int) or position < 1:
+            raise ReactorConfigError(f"Start.from_position needs a position >= 1, not {position!r}.")
+        return cls("position", position=position)
+
+    @classmethod
+    def from_time(cls, when: datetime) -> "Start":
+        """Handle events stored at ``when`` or later (``when`` must be timezone-aware; the server's clock decides)."""
+        if not isinstance(when, datetime) or when.tzinfo is None:
+            raise ReactorConfigError(
+                f"Start.from_time needs a timezone-aware datetime, e.g. datetime.now(timezone.utc), not {when!r}."
+            )
+        return cls("time", at=when)
+
+    def consumer_fields(self) -> dict[str, object]:
+        """The JetStream consumer settings for this start (``deliver_policy`` and its option)."""
+        if self.policy == "position":
+            return {"deliver_policy": "by_start_sequence", "opt_start_seq": self.position}
+        if self.policy == "time" and self.at is not None:
+            return {
+                "deliver_policy": "by_start_time",
+                "opt_start_time": self.at.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            }
+        return {"deliver_policy": self.policy}
+
+    def __str__(self) -> str:
+        if self.policy == "position":
+            return f"from position {self.position}"
+        if self.policy == "time":
+            return f"from {self.at}"
+        return self.policy
+
+
+@dataclass(frozen=True, eq=False)
+class Reactor:
+    """What a reactor does and how its deliveries are retried. Immutable; validated on construction.
+
+    * ``name`` names the durable consumer (and the reactor's dead letters):
+      letters, digits, ``_`` and ``-``. Workers with the same name share work.
+    * ``handlers`` maps event type names (or registered model classes) to
+      handlers; ``handler`` handles every other event. Events with no handler
+      are acknowledged without a call. At least one handler is needed.
+    * ``categories`` limits the reactor to those categories (None: every event).
+    * ``max_deliver``: deliveries of one event before it is dead-lettered.
+    * ``retry_backoff_s``: the delay before delivery n+1 after delivery n failed
+      is ``retry_backoff_s[n-1]`` (the last value repeats).
+    * ``ack_wait_s``: how long the server waits for a verdict before it hands
+      the event to another worker; heartbeats extend it while a handler runs,
+      so it bounds how fast a dead worker's events move on, not handler time.
+    * ``start``: see :class:`Start`.
+    * ``max_ack_pending``: events in flight across all workers at most.
+    """
+
+    name: str
+    handler: Handler | None = None
+    handlers: Mapping[str | type[BaseModel], Handler] = field(default_factory=dict)
+    categories: Sequence[str] | None = None
+    max_deliver: int = 5
+    retry_backoff_s: Sequence[float] = (1.0, 5.0, 30.0)
+    ack_wait_s: float = 30.0
+    start: Start = field(default_factory=Start.all)
+    max_ack_pending: int = 1000
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _NAME.fullmatch(self.name):
+            raise ReactorConfigError(
+                f"Invalid reactor name {self.name!r}: use 1 to 64 letters, digits, '_' or '-' (it names a JetStream "
+                "consumer), e.g. 'welcome-mail'."
+            )
+        if self.handler is None and not self.handlers:
+            raise ReactorConfigError(f"Reactor {self.name!r} has no handler: give handler=... or handlers={{...}}.")
+        for key, fn in self.handlers.items():
+            if not (isinstance(key, str) or (isinstance(key, type) and issubclass(key, BaseModel))):
+                raise ReactorConfigError(
+                    f"Reactor {self.name!r}: handlers keys must be event type names or event classes, not {key!r}."
+                )
+            if not callable(fn):
+                raise ReactorConfigError(f"Reactor {self.name!r}: the handler for {key!r} is not callable.")
+        if self.categories is not None:
+            try:
+                categories = tuple(validate_category(c) for c in self.categories)
+            except EventStoreError as exc:
+                raise ReactorConfigError(f"Reactor {self.name!r}: {exc}") from exc
+            if not categories:
+                raise ReactorConfigError(
+                    f"Reactor {self.name!r}: categories is empty; give None to react to every category."
+                )
+            object.__setattr__(self, "categories", categories)
+        if not isinstance(self.max_deliver, int) or self.max_deliver < 1:
+            raise ReactorConfigError(f"Reactor {self.name!r}: max_deliver must be an int >= 1, not {self.max_deliver!r}.")
+        backoff = tuple(float(s) for s in self.retry_backoff_s)
+        if not backoff or any(s < 0 for s in backoff):
+            raise ReactorConfigError(
+                f"Reactor {self.name!r}: retry_backoff_s must hold at least one delay >= 0 seconds, not "
+                f"{self.retry_backoff_s!r}."
+            )
+        object.__setattr__(self, "retry_backoff_s", backoff)
+        if not self.ack_wait_s >= 0.3:
+            raise ReactorConfigError(f"Reactor {self.name!r}: ack_wait_s must be at least 0.3 seconds, not {self.ack_wait_s!r}.")
+        if not isinstance(self.max_ack_pending, int) or self.max_ack_pending < 1:
+            raise ReactorConfigError(f"Reactor {self.name!r}: max_ack_pending must be an int >= 1.")
+        object.__setattr__(self, "handlers", MappingProxyType(dict(self.handlers)))
+
+    def idempotency_key(self, event: RecordedEvent, step: str = "") -> str:
+        """The idempotency key for a command this reactor issues in reaction to ``event``.
+
+        The same on every redelivery of the event, different for every event
+        and reactor; give ``step`` to tell several commands for one event apart.
+        Pass it to :meth:`EventStore.append` so a redelivery stores nothing new.
+        """
+        key = f"{self.name}:{event.event_id}"
+        return f"{key}:{step}" if step else key
+
+    def retry_delay_s(self, delivery: int) -> float:
+        """The delay before the next delivery after delivery number ``delivery`` (1-based) failed."""
+        backoff = tuple(self.retry_backoff_s)
+        return backoff[min(max(delivery, 1), len(backoff)) - 1]
+
+    def consumer_config(self, store: EventStore) -> dict[str, object]:
+        """The JetStream consumer configuration this reactor needs on ``store``'s stream."""
+        config: dict[str, object] = {
+            "durable_name": self.name,
+            "name": self.name,
+            "description": self.description or f"jetsourcing reactor {self.name}",
+            "ack_policy": "explicit",
+            "ack_wait": int(self.ack_wait_s * _NS),
+            "max_deliver": self.max_deliver,
+            "max_ack_pending": self.max_ack_pending,
+            "replay_policy": "instant",
+            **self.start.consumer_fields(),
+        }
+        filters = store.filter_subjects(self.categories)
+        if len(filters) == 1:
+            config["filter_subject"] = filters[0]
+        else:
+            config["filter_subjects"] = filters
+        return config
+
+
+@dataclass
+class ReactorStats:
+    """A worker's live counters; logged when the worker stops.
+
+    ``handled``: events handled in acknowledged messages. ``skipped``: events
+    without a handler. ``retried``: deliveries that failed and were handed back
+    for a retry. ``dead_lettered``: messages this worker stored in the
+    dead-letter stream. ``redelivered``: messages it received that had been
+    delivered before (to it or to another worker).
+    """
+
+    handled: int = 0
+    skipped: int = 0
+    retried: int = 0
+    dead_lettered: int = 0
+    redelivered: int = 0
+
+
+@dataclass(slots=True)
+class _Pull:
+    """One outstanding pull request: how many messages it may still bring, and until when."""
+
+    remaining: int
+    deadline: float
+    received: int = 0
+
+
+# The editable consumer settings a worker keeps in line with its Reactor definition.
+_EDITABLE = ("description", "ack_wait", "max_deliver", "max_ack_pending")
+
+
+class ReactorWorker:
+    """Runs one :class:`Reactor` on one event store connection: pulls, calls handlers, gives verdicts.
+
+    Start as many workers as you like (each with its own connection, in one
+    process or many): they share the reactor's durable consumer and so its work.
+    ``concurrency`` is how many messages this worker handles at once.
+
+    ``run()`` runs until :meth:`stop` (graceful: no new messages, the ones in
+    hand are finished and acknowledged), until cancelled (handlers in hand are
+    cancelled and their messages handed back at once), or, with
+    ``until_idle=True``, until the reactor has nothing pending nor in flight
+    anywhere (a burst mode for tests, CI and batch jobs).
+    """
+
+    def __init__(
+        self,
+        store: EventStore,
+        reactor: Reactor,
+        *,
+        concurrency: int = 1,
+        until_idle: bool = False,
+        pull_expires_s: float | None = None,
+        name: str | None = None,
+    ) -> None:
+        if not isinstance(concurrency, int) or concurrency < 1:
+            raise ReactorConfigError(f"concurrency must be an int >= 1, not {concurrency!r}.")
+        if pull_expires_s is not None and pull_expires_s < 0.05:
+            raise ReactorConfigError(f"pull_expires_s must be at least 0.05 seconds, not {pull_expires_s!r}.")
+        self.store = store
+        self.reactor = reactor
+        self.concurrency = concurrency
+        self.until_idle = until_idle
+        self.name = name or reactor.name
+        self.stats = ReactorStats()
+        self._expires_s = pull_expires_s if pull_expires_s is not None else (0.25 if until_idle else 5.0)
+        self._api_timeout_s = store.settings.request_timeout_s
+        self._stream = store.settings.stream
+        self._handlers: dict[str, Handler] = {}
+        self._inbox = ""
+        self._pulls: dict[str, _Pull] = {}
+        self._counter = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._flights: dict[str, tuple[Msg, float]] = {}  # reply subject -> (message, last sign of life)
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._empty = False
+        self._failure: ReactorError | None = None
+        self._ready = False
+
+    # -- setup ----------------------------------------------------------------
+
+    async def setup(self) -> None:
+        """Create (or bring in line) the reactor's consumer and the dead-letter stream. Idempotent; ``run()`` calls it.
+
+        Call it ahead of ``run()`` to fix where a :meth:`Start.new` reactor
+        starts, e.g. at deploy time.
+        """
+        registry = self.store.registry
+        self._handlers = {}
+        for key, fn in self.reactor.handlers.items():
+            type_name = key if isinstance(key, str) else registry.name_of(key)[0]
+            self._handlers[type_name] = fn
+        await self._ensure_consumer()
+        await ensure_dead_letter_stream(self.store)
+        self._ready = True
+
+    async def _api(self, subject: str, body: dict[str, object] | None = None) -> dict[str, Any]:
+        try:
+            reply = await self.store.nc.request(
+                f"$JS.API.{subject}", json.dumps(body or {}).encode(), timeout=self._api_timeout_s
+            )
+        except NoRespondersError as exc:
+            raise ServerUnavailableError(
+                f"JetStream did not answer {subject}: is JetStream enabled on the server (-js)?"
+            ) from exc
+        except (NatsError, asyncio.TimeoutError) as exc:
+            raise ServerUnavailableError(f"JetStream did not answer {subject} in time: {exc}") from exc
+        answer: dict[str, Any] = json.loads(reply.data)
+        return answer
+
+    async def _ensure_consumer(self) -> None:
+        name, stream = self.reactor.name, self._stream
+        wanted = self.reactor.consumer_config(self.store)
+        for _ in range(3):
+            info = await self._api(f"CONSUMER.INFO.{stream}.{name}")
+            error = info.get("error")
+            if error is None:
+                await self._update_consumer(info["config"], wanted)
+                return
+            code = error.get("err_code")
+            if code == _STREAM_NOT_FOUND:
+                raise ReactorConsumerError(
+                    f"Stream {stream!r} does not exist, so reactor {name!r} cannot start. Connect with "
+                    "EventStore.connect() (which creates it) or call store.ensure_stream()."
+                )
+            if code != _CONSUMER_NOT_FOUND:
+                raise ReactorConsumerError(f"Could not read the consumer of reactor {name!r}: {error.get('description')}")
+            created = await self._api(
+                f"CONSUMER.CREATE.{stream}.{name}", {"stream_name": stream, "config": wanted, "action": "create"}
+            )
+            error = created.get("error")
+            if error is None:
+                log.info("reactor %s: created its consumer on stream %s, starting %s", name, stream, self.reactor.start)
+                return
+            if error.get("err_code") not in _CONSUMER_EXISTS:
+                raise ReactorConsumerError(
+                    f"The server refused to create the consumer of reactor {name!r}: {error.get('description')}. "
+                    "Check the reactor's settings (max_deliver, ack_wait_s, categories)."
+                )
+            # Another worker created it at the same moment: read it and align it.
+        raise ReactorConsumerError(f"Could not create or update the consumer of reactor {name!r}; retry.")
+
+    async def _update_consumer(self, have: dict[str, Any], wanted: dict[str, object]) -> None:
+        """Bring an existing consumer's editable settings in line with the Reactor; never its start."""
+        name = self.reactor.name
+        if have.get("deliver_subject"):
+            raise ReactorConsumerError(
+                f"A push consumer named {name!r} already exists on stream {self._stream!r}; a reactor needs a pull "
+                "consumer. Rename the reactor or delete that consumer."
+            )
+        if have.get("ack_policy") != "explicit":
+            raise ReactorConsumerError(
+                f"A consumer named {name!r} already exists on stream {self._stream!r} with ack policy "
+                f"{have.get('ack_policy')!r}; a reactor needs explicit acks. Rename the reactor or delete that consumer."
+            )
+        if have.get("deliver_policy") != wanted["deliver_policy"]:
+            log.info(
+                "reactor %s: its consumer exists (deliver policy %s), so start=%s is ignored; it resumes where it is",
+                name, have.get("deliver_policy"), self.reactor.start,
+            )
+        merged = dict(have)
+        for key in _EDITABLE:
+            merged[key] = wanted[key]
+        have_filters = [have["filter_subject"]] if have.get("filter_subject") else list(have.get("filter_subjects") or [])
+        wanted_filters = self.store.filter_subjects(self.reactor.categories)
+        merged.pop("filter_subject", None)
+        merged.pop("filter_subjects", None)
+        if len(wanted_filters) == 1:
+            merged["filter_subject"] = wanted_filters[0]
+        else:
+            merged["filter_subjects"] = wanted_filters
+        if all(have.get(k) == merged[k] for k in _EDITABLE) and sorted(have_filters) == sorted(wanted_filters):
+            return
+        updated = await self._api(
+            f"CONSUMER.CREATE.{self._stream}.{name}", {"stream_name": self._stream, "config": merged, "action": "update"}
+        )
+        if "error" in updated:
+            raise ReactorConsumerError(
+                f"The server refused to update the consumer of reactor {name!r}: "
+                f"{updated['error'].get('description')}. Delete the consumer to recreate it with the new settings "
+                "(it then starts again from its start position)."
+            )
+        log.info("reactor %s: updated its consumer's settings", name)
+
+    # -- running --------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Ask ``run()`` to return: it takes no new messages and finishes (and acknowledges) the ones in hand."""
+        self._stopping = True
+        self._wake.set()
+
+    async def run(self) -> ReactorStats:
+        """Handle the reactor's events until stopped, cancelled or (``until_idle``) idle; return the counters.
+
+        Raises :class:`ReactorConsumerError` if the consumer is deleted while
+        running, and :class:`eventstore.ServerUnavailableError` if the server
+        cannot be reached at start.
+        """
+        if not self._ready:
+            await self.setup()
+        nc = self.store.nc
+        self._inbox = nc.new_inbox()
+        self._stopping = False
+        subs: list[Subscription] = [
+            await nc.subscribe(f"{self._inbox}.*", cb=self._on_msg, pending_msgs_limit=-1, pending_bytes_limit=-1),
+            # A backstop for the last delivery of an event whose worker died: the server's advisory.
+            await nc.subscribe(
+                f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{self._stream}.{self.reactor.name}",
+                queue=f"jetsourcing-reactor-{self.reactor.name}",
+                cb=self._on_max_deliveries,
+            ),
+        ]
+        ticker = asyncio.ensure_future(self._heartbeats())
+        started = time.monotonic()
+        try:
+            await self._pull_loop()
+            self._stopping = True
+            while self._tasks:  # graceful: finish the messages in hand
+                await asyncio.wait(set(self._tasks))
+        except BaseException:
+            # Cancelled, or the consumer vanished: hand the messages in hand back at once.
+            self._stopping = True
+            for task in self._tasks:
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            raise
+        finally:
+            ticker.cancel()
+            for sub in subs:
+                try:
+                    await sub.unsubscribe()
+                except Exception:  # noqa: BLE001 - closing on a dead connection must not hide the real outcome
+                    pass
+            self._pulls.clear()
+            s = self.stats
+            log.info(
+                "reactor %s worker %s stopped after %.1f s: handled=%d skipped=%d retried=%d dead_lettered=%d "
+                "redelivered=%d",
+                self.reactor.name, self.name, time.monotonic() - started, s.handled, s.skipped, s.retried,
+                s.dead_lettered, s.redelivered,
+            )
+        return self.stats
+
+    async def _pull_loop(self) -> None:
+        nc = self.store.nc
+        threshold = max(1, self.concurrency // 2)
+        while not self._stopping:
+            if self._failure is not None:
+                raise self._failure
+            now = time.monotonic()
+            for token in [t for t, p in self._pulls.items() if p.deadline < now]:
+                del self._pulls[token]  # lost (reconnect, server restart): its credit is free again
+            self._wake.clear()
+            outstanding = sum(p.remaining for p in self._pulls.values())
+            want = self.concurrency - len(self._tasks) - outstanding
+            if want > 0 and (not self._pulls or want >= threshold):
+                if self.until_idle and self._empty and not self._tasks:
+                    self._empty = False
+                    if await self._idle():
+                        return
+                self._counter += 1
+                token = str(self._counter)
+                self._pulls[token] = _Pull(want, now + self._expires_s + 1.0)
+                request = {"batch": want, "expires": int(self._expires_s * _NS)}
+                try:
+                    await nc.publish(
+                        f"$JS.API.CONSUMER.MSG.NEXT.{self._stream}.{self.reactor.name}",
+                        json.dumps(request).encode(),
+                        reply=f"{self._inbox}.{token}",
+                    )
+                except NatsError as exc:  # disconnected: nats-py reconnects; try again shortly
+                    log.warning("reactor %s: pull request failed (%s); retrying", self.reactor.name, exc)
+                    del self._pulls[token]
+                    await asyncio.sleep(0.2)
+                continue
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=1.0)
+            except asyncio.TimeoutError:
+                pass
+
+    async def _idle(self) -> bool:
+        info = await self._api(f"CONSUMER.INFO.{self._stream}.{self.reactor.name}")
+        if "error" in info:
+            raise ReactorConsumerError(
+                f"The consumer of reactor {self.reactor.name!r} is gone: {info['error'].get('description')}"
+            )
+        return bool(info.get("num_pending", 0) == 0 and info.get("num_ack_pending", 0) == 0)
+
+    async def _on_msg(self, msg: Msg) -> None:
+        if msg.reply:  # a message of the stream
+            # It carries its own subject, not the request's: count it against the oldest request (the
+            # server serves one client's requests in order).
+            for oldest, request in self._pulls.items():
+                request.remaining -= 1
+                request.received += 1
+                if request.remaining <= 0:
+                    del self._pulls[oldest]
+                break
+            task = asyncio.ensure_future(self._process(msg))
+            self._tasks.add(task)
+            task.add_done_callback(self._task_done)
+            return
+        # A status message, on the request's own inbox, ends that request: 404/408 no (more) messages,
+        # 409 refused or consumer gone. 100 is an idle heartbeat.
+        headers = msg.headers or {}
+        status = headers.get("Status", "")
+        if status == "100":
+            return
+        token = msg.subject.rsplit(".", 1)[-1]
+        pull = self._pulls.get(token)
+        if pull is not None:
+            del self._pulls[token]
+            if pull.received == 0 and status in ("404", "408"):
+                self._empty = True
+        if status == "409" and "Deleted" in headers.get("Description", ""):
+            self._failure = ReactorConsumerError(
+                f"The consumer of reactor {self.reactor.name!r} was deleted while its workers ran. Workers do not "
+                "recreate it (that would restart the reactor from its start position); restart them to do so."
+            )
+        self._wake.set()
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._wake.set()
+        if not task.cancelled() and task.exception() is not None:
+            log.error("reactor %s: unexpected worker error", self.reactor.name, exc_info=task.exception())
+
+    async def _heartbeats(self) -> None:
+        """Send ``+WPI`` for every message whose handling has lasted a third of ack_wait since the last sign of life."""
+        interval = self.reactor.ack_wait_s / 3
+        while True:
+            await asyncio.sleep(interval / 3)
+            now = time.monotonic()
+            for reply, (msg, last) in list(self._flights.items()):
+                if now - last >= interval:
+                    self._flights[reply] = (msg, now)
+                    try:
+                        await msg.in_progress()
+                    except Exception as exc:  # noqa: BLE001 - a lost heartbeat only risks a redelivery
+                        log.debug("reactor %s: heartbeat failed: %s", self.reactor.name, exc)
+
+    # -- verdicts -------------------------------------------------------------
+
+    async def _process(self, msg: Msg) -> None:
+        meta = msg.metadata
+        position, delivery = meta.sequence.stream, meta.num_delivered
+        if self._stopping:
+            await self._reply(msg, b"-NAK")  # arrived after stop(): hand it straight to another worker
+            return
+        if delivery > 1:
+            self.stats.redelivered += 1
+        reply = msg.reply
+        self._flights[reply] = (msg, time.monotonic())
+        try:
+            try:
+                events = self.store.decode(position, msg)
+            except EventStoreError as exc:
+                await self._dead_letter(msg, DeadLetterReason.UNDECODABLE, exc, position, delivery)
+                return
+            handled = skipped = 0
+            for event in events:
+                fn = self._handlers.get(event.type, self.reactor.handler)
+                if fn is None:
+                    skipped += 1
+                    continue
+                await fn(event)
+                handled += 1
+            await self._ack(msg, position)
+            self.stats.handled += handled
+            self.stats.skipped += skipped
+        except PoisonEvent as exc:
+            await self._dead_letter(msg, DeadLetterReason.POISON, exc, position, delivery)
+        except asyncio.CancelledError:
+            await self._reply(msg, b"-NAK")  # cancelled worker: let another worker have it now
+            raise
+        except Exception as exc:  # noqa: BLE001 - any handler failure is a retry; the verdict is the server's
+            if delivery >= self.reactor.max_deliver:
+                await self._dead_letter(msg, DeadLetterReason.MAX_DELIVER, exc, position, delivery)
+            else:
+                delay = self.reactor.retry_delay_s(delivery)
+                log.warning(
+                    "reactor %s: position %d failed on delivery %d of %d, retrying in %.1f s: %r",
+                    self.reactor.name, position, delivery, self.reactor.max_deliver, delay, exc,
+                )
+                self.stats.retried += 1
+                await self._reply(msg, b"-NAK " + json.dumps({"delay": int(delay * _NS)}).encode())
+        finally:
+            self._flights.pop(reply, None)
+
+    async def _reply(self, msg: Msg, body: bytes) -> None:
+        """Send a verdict without waiting for the server (a lost one only causes a redelivery)."""
+        try:
+            await self.store.nc.publish(msg.reply, body)
+        except Exception as exc:  # noqa: BLE001 - the message is redelivered after ack_wait anyway
+            log.warning("reactor %s: could not send %r: %s", self.reactor.name, body[:5], exc)
+
+    async def _ack(self, msg: Msg, position: int) -> None:
+        try:
+            await msg.ack_sync(timeout=self._api_timeout_s)
+        except Exception as exc:  # noqa: BLE001 - at-least-once: an unconfirmed ack means a possible redelivery
+            log.warning(
+                "reactor %s: the acknowledgement of position %d was not confirmed (%s); it may be delivered again",
+                self.reactor.name, position, exc,
+            )
+
+    async def _dead_letter(
+        self, msg: Msg, reason: DeadLetterReason, exc: BaseException, position: int, delivery: int
+    ) -> None:
+        error = f"{type(exc).__name__}: {exc}"
+        try:
+            stored = await publish_dead_letter(
+                self.store.nc, self.store.settings, reactor=self.reactor.name, reason=reason, error=error,
+                deliveries=delivery, position=position, subject=msg.subject, headers=msg.headers, data=msg.data,
+            )
+        except DeadLetterError as dlq_exc:
+            # Keep the event: retry it later; on its last delivery the max-deliveries advisory tries again.
+            log.error("reactor %s: %s; the event stays pending", self.reactor.name, dlq_exc)
+            await self._reply(msg, b"-NAK " + json.dumps({"delay": int(self.reactor.retry_delay_s(delivery) * _NS)}).encode())
+            return
+        await self._reply(msg, b"+TERM " + f"{reason.value}: {error}"[:500].encode())
+        if stored:
+            self.stats.dead_lettered += 1
+        log.warning(
+            "reactor %s: position %d dead-lettered (%s) after %d deliveries: %s",
+            self.reactor.name, position, reason.value, delivery, error,
+        )
+
+    async def _on_max_deliveries(self, advisory: Msg) -> None:
+        """An event's last delivery expired without a verdict (its worker died): dead-letter it from here."""
+        try:
+            body = json.loads(advisory.data)
+            position, deliveries = int(body["stream_seq"]), int(body.get("deliveries", 0))
+            found = await self.store.nc.request(
+                f"$JS.API.DIRECT.GET.{self._stream}", json.dumps({"seq": position}).encode(), timeout=self._api_timeout_s
+            )
+            headers = dict(found.headers or {})
+            if headers.get("Status"):
+                raise DeadLetterError(f"position {position} could not be read back: {headers}")
+            stored = await publish_dead_letter(
+                self.store.nc, self.store.settings, reactor=self.reactor.name, reason=DeadLetterReason.MAX_DELIVER,
+                error=(
+                    f"no verdict on delivery {deliveries} of {self.reactor.max_deliver}: the worker handling it "
+                    "stopped or died, or the handler outlived ack_wait_s"
+                ),
+                deliveries=deliveries, position=position, subject=headers.get("Nats-Subject", ""), headers=headers,
+                data=found.data,
+            )
+        except Exception as exc:  # noqa: BLE001 - a callback must not raise; say what was lost
+            log.error(
+                "reactor %s: an event reached max_deliver without a verdict and could not be dead-lettered: %s (%s)",
+                self.reactor.name, exc, advisory.data[:300],
+            )
+            return
+        if stored:
+            self.stats.dead_lettered += 1
+            log.warning("reactor %s: position %d dead-lettered after %d deliveries without a verdict",
+                        self.reactor.name, position, deliveries)
+
+
+async def run_reactor(
+    store: EventStore,
+    reactor: Reactor,
+    *,
+    until_idle: bool = False,
+    concurrency: int = 1,
+) -> ReactorStats:
+    """Run one worker of ``reactor`` on ``store``'s connection until cancelled (or, ``until_idle``, until idle).
+
+    Delivery is at-least-once (see the module docs). Returns the worker's
+    counters, which it also logs when it stops. For :meth:`ReactorWorker.stop`
+    and live counters, use :class:`ReactorWorker` directly.
+    """
+    return await ReactorWorker(store, reactor, concurrency=concurrency, until_idle=until_idle).run()
