@@ -340,7 +340,10 @@ class ReactorWorker:
         registry = self.store.registry
         self._handlers = {}
         for key, fn in self.reactor.handlers.items():
-            type_name = key if isinstance(key, str) else registry.name_of(key)[0]
+            try:
+                type_name = key if isinstance(key, str) else registry.name_of(key)[0]
+            except EventStoreError as exc:
+                raise ReactorConfigError(f"Reactor {self.reactor.name!r}: {exc}") from exc
             self._handlers[type_name] = fn
         await self._ensure_consumer()
         await ensure_dead_letter_stream(self.store)
@@ -505,11 +508,15 @@ class ReactorWorker:
             self._wake.clear()
             outstanding = sum(p.remaining for p in self._pulls.values())
             want = self.concurrency - len(self._tasks) - outstanding
-            if want > 0 and (not self._pulls or want >= threshold):
-                if self.until_idle and self._empty and not self._tasks:
+            if self.until_idle and self._empty and not self._tasks:
+                # A request came back empty and nothing is in hand: once the other requests have ended
+                # too, ask the server whether anything is pending or in flight at any worker.
+                if not self._pulls:
                     self._empty = False
                     if await self._idle():
                         return
+                    continue
+            elif want > 0 and (not self._pulls or want >= threshold):
                 self._counter += 1
                 token = str(self._counter)
                 self._pulls[token] = _Pull(want, now + self._expires_s + 1.0)
@@ -581,7 +588,7 @@ class ReactorWorker:
         """Send ``+WPI`` for every message whose handling has lasted a third of ack_wait since the last sign of life."""
         interval = self.reactor.ack_wait_s / 3
         while True:
-            await asyncio.sleep(interval / 3)
+            await asyncio.sleep(interval / 4)
             now = time.monotonic()
             for reply, (msg, last) in list(self._flights.items()):
                 if now - last >= interval:
