@@ -1,0 +1,66 @@
+"""Aggregates: the part of jetsourcing you write your domain code against.
+
+If you are here to read the code, start with ``events.py`` (:class:`DomainEvent`),
+then ``aggregate.py`` (:class:`Aggregate`, ``@applies``), ``repository.py``
+(loading, saving, :meth:`Repository.execute`), ``commands.py`` (retries and
+results), ``snapshots.py``, ``upcasting.py`` and ``errors.py``.
+
+Example::
+
+    from pydantic import BaseModel
+    from aggregates import Aggregate, DomainError, DomainEvent, Repository, applies
+
+    class Deposited(DomainEvent):
+        amount: int
+
+    class AccountState(BaseModel):
+        balance: int = 0
+
+    class Account(Aggregate[AccountState]):
+        def deposit(self, amount: int) -> None:
+            if amount <= 0:
+                raise DomainError("Deposit a positive amount.")
+            self.record(Deposited(amount=amount))
+
+        @applies(Deposited)
+        def _deposited(self, event: Deposited) -> None:
+            self.state.balance += event.amount
+
+    accounts = Repository(store, Account)
+    await accounts.execute("alice", lambda a: a.deposit(10), create=True)
+"""
+
+from .aggregate import Aggregate, applies
+from .commands import CommandResult, RetryPolicy
+from .errors import (
+    AggregateDefinitionError,
+    AggregateError,
+    AggregateNotFoundError,
+    DomainError,
+    InvalidAggregateIdError,
+    InvalidStoredEventError,
+    MissingHandlerError,
+    UnregisteredEventError,
+)
+from .events import DomainEvent, register_events
+from .repository import Repository
+from .upcasting import upcaster
+
+__all__ = [
+    "Aggregate",
+    "AggregateDefinitionError",
+    "AggregateError",
+    "AggregateNotFoundError",
+    "CommandResult",
+    "DomainError",
+    "DomainEvent",
+    "InvalidAggregateIdError",
+    "InvalidStoredEventError",
+    "MissingHandlerError",
+    "Repository",
+    "RetryPolicy",
+    "UnregisteredEventError",
+    "applies",
+    "register_events",
+    "upcaster",
+]

@@ -1,0 +1,49 @@
+"""What :meth:`Repository.execute` returns, and how it retries a command after a concurrent change."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+__all__ = ["CommandResult", "RetryPolicy"]
+
+R = TypeVar("R")
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How often a command is retried after a :class:`~eventstore.ConcurrencyError`, and how long to wait.
+
+    A command is saved at most ``attempts`` times. Before retry ``n`` (0-based)
+    it waits a random time between 0 and ``min(max_delay_s, base_delay_s * 2**n)``
+    ("full jitter"), so competing writers spread out instead of colliding again.
+    """
+
+    attempts: int = 20
+    base_delay_s: float = 0.001
+    max_delay_s: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1 or self.base_delay_s < 0 or self.max_delay_s < 0:
+            raise ValueError(f"{self!r}: attempts must be >= 1 and delays >= 0.")
+
+    def delay_s(self, retry: int) -> float:
+        """The jittered wait before retry number ``retry`` (0 for the first retry)."""
+        return random.uniform(0.0, min(self.max_delay_s, self.base_delay_s * 2.0**retry))
+
+
+@dataclass(frozen=True, slots=True)
+class CommandResult(Generic[R]):
+    """The outcome of a command: the aggregate's version and position after it, and what it returned.
+
+    ``duplicate`` is True when the command id had already been stored by an
+    earlier run: nothing new was stored, ``version`` and ``position`` are those
+    of that first run, and ``value`` is None. When the command recorded
+    nothing, ``version`` and ``position`` are the aggregate's current ones.
+    """
+
+    value: R | None
+    version: int
+    position: int
+    duplicate: bool = False

@@ -1,0 +1,117 @@
+"""Errors raised by aggregates and repositories.
+
+Every error this package raises derives from :class:`AggregateError` and names
+what to fix: the aggregate class and id, and for stored events their position
+and type::
+
+    AggregateError
+    ├── AggregateDefinitionError   an aggregate or event class is declared wrongly (raised at import)
+    ├── AggregateNotFoundError     no events for that id, or fewer than the version asked for
+    ├── InvalidAggregateIdError    the id cannot name a stream  (also eventstore.InvalidStreamIdError)
+    ├── MissingHandlerError        the aggregate has no @applies handler for an event's type
+    ├── UnregisteredEventError     a stored event's type has no registered model  (also eventstore.UnknownEventTypeError)
+    ├── InvalidStoredEventError    a stored payload does not upcast or validate  (also eventstore.EventDecodeError)
+    └── DomainError                base for your own invariant violations: a command refused
+
+A conflicting save raises the event store's own
+:class:`~eventstore.ConcurrencyError`, unchanged: it is the one error callers
+retry on, and catching it should not depend on which layer raised it.
+"""
+
+from __future__ import annotations
+
+from eventstore import EventDecodeError, InvalidStreamIdError, UnknownEventTypeError
+
+__all__ = [
+    "AggregateDefinitionError",
+    "AggregateError",
+    "AggregateNotFoundError",
+    "DomainError",
+    "InvalidAggregateIdError",
+    "InvalidStoredEventError",
+    "MissingHandlerError",
+    "UnregisteredEventError",
+]
+
+
+class AggregateError(Exception):
+    """Base of every error raised by :mod:`aggregates`."""
+
+
+class AggregateDefinitionError(AggregateError, TypeError):
+    """An aggregate, event or upcaster is declared wrongly; raised when the class or function is defined."""
+
+
+class AggregateNotFoundError(AggregateError, LookupError):
+    """The aggregate has no events (or fewer than the version asked for); nothing was written."""
+
+    def __init__(self, aggregate: str, aggregate_id: str, version: int | None = None, actual: int = 0) -> None:
+        self.aggregate = aggregate
+        self.aggregate_id = aggregate_id
+        self.version = version
+        if version is None:
+            text = f"{aggregate} {aggregate_id!r} does not exist: it has no events. Create it with a command first."
+        else:
+            text = (
+                f"{aggregate} {aggregate_id!r} has no version {version}: it has {actual} events. "
+                "Ask for a version between 1 and its current version."
+            )
+        super().__init__(text)
+
+
+class InvalidAggregateIdError(AggregateError, InvalidStreamIdError):
+    """The id cannot name an aggregate's stream (empty, too long, control characters); nothing was written."""
+
+
+class MissingHandlerError(AggregateError, LookupError):
+    """The aggregate has no ``@applies`` handler for an event's type; nothing was recorded or written.
+
+    ``position`` is set when the event was read from the store, None when it was being recorded.
+    """
+
+    def __init__(self, aggregate: str, aggregate_id: str, event_type: str, position: int | None = None) -> None:
+        self.aggregate = aggregate
+        self.aggregate_id = aggregate_id
+        self.event_type = event_type
+        self.position = position
+        where = f" stored at position {position}" if position is not None else ""
+        super().__init__(
+            f"{aggregate} {aggregate_id!r} has no handler for event type {event_type!r}{where}. "
+            f"Add a method decorated with @applies({event_type}) to {aggregate}."
+        )
+
+
+class UnregisteredEventError(AggregateError, UnknownEventTypeError):
+    """A stored event's type (or schema version) has no registered model, so the aggregate cannot be loaded."""
+
+    def __init__(self, aggregate: str, aggregate_id: str, event_type: str, position: int, reason: str) -> None:
+        self.aggregate = aggregate
+        self.aggregate_id = aggregate_id
+        self.event_type = event_type
+        self.position = position
+        super().__init__(
+            f"Cannot load {aggregate} {aggregate_id!r}: the event at position {position} has type "
+            f"{event_type!r}, which is not registered. {reason}"
+        )
+
+
+class InvalidStoredEventError(AggregateError, EventDecodeError):
+    """A stored event's payload failed its upcasters or validation, so the aggregate cannot be loaded."""
+
+    def __init__(self, aggregate: str, aggregate_id: str, event_type: str, position: int, reason: str) -> None:
+        self.aggregate = aggregate
+        self.aggregate_id = aggregate_id
+        self.event_type = event_type
+        self.position = position
+        super().__init__(
+            f"Cannot load {aggregate} {aggregate_id!r}: the {event_type!r} event at position {position} "
+            f"cannot be read: {reason}"
+        )
+
+
+class DomainError(AggregateError):
+    """Base for your invariant violations: raise it (or a subclass) from a command to refuse it.
+
+    A refused command records nothing and :meth:`Repository.execute` never
+    retries it.
+    """

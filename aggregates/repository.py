@@ -1,0 +1,374 @@
+"""Repositories: load aggregates by replaying their events, save their pending events, run commands.
+
+Example::
+
+    accounts = Repository(store, Account, snapshot_every=500)
+
+    await accounts.execute("alice", lambda a: a.open(owner="Alice"), create=True)
+    await accounts.execute("alice", lambda a: a.deposit(100), command_id=request_id)
+
+    alice = await accounts.get("alice")               # replay (from a snapshot when there is one)
+    before = await accounts.get("alice", version=1)   # time travel
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import uuid
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, Generic, TypeVar, cast
+
+from eventstore import NO_STREAM, ConcurrencyError, EntityAppend, EventStore, RecordedEvent, StreamId
+
+from .aggregate import Aggregate
+from .commands import CommandResult, RetryPolicy
+from .errors import AggregateNotFoundError
+from .events import register_events
+from .snapshots import SnapshotStore
+
+__all__ = ["Repository"]
+
+log = logging.getLogger("jetsourcing.aggregates")
+
+A = TypeVar("A", bound=Aggregate[Any])
+R = TypeVar("R")
+
+
+class Repository(Generic[A]):
+    """Loads and saves one aggregate type through an :class:`~eventstore.EventStore`.
+
+    Guarantees:
+
+    * Constructing it registers the aggregate's event types (and their
+      upcasters) in ``store.registry``.
+    * :meth:`get` returns the aggregate as replaying all its stored events
+      would, whether it comes from a snapshot, the cache or a full replay.
+    * :meth:`save` and :meth:`save_all` store pending events only if no one
+      else wrote to the aggregates since they were loaded, atomically, or
+      raise :class:`~eventstore.ConcurrencyError` and store nothing.
+
+    ``snapshot_every=N`` keeps a snapshot of the state every N events (see
+    :mod:`aggregates.snapshots`); ``cache_size`` keeps that many recently used
+    aggregates in memory, which saves :meth:`execute` its load. The cache is
+    safe with other writers: a stale entry only costs a conflict and a retry.
+    """
+
+    def __init__(
+        self,
+        store: EventStore,
+        aggregate_type: type[A],
+        *,
+        snapshot_every: int | None = None,
+        snapshot_version: int = 1,
+        cache_size: int = 1000,
+        retry: RetryPolicy = RetryPolicy(),
+    ) -> None:
+        self.store = store
+        self.aggregate_type = aggregate_type
+        self.retry = retry
+        self.cache_size = cache_size
+        self._cache: OrderedDict[str, A] = OrderedDict()
+        self._registered: set[type[Aggregate[Any]]] = set()
+        self._register(aggregate_type)
+        self._snapshots = (
+            SnapshotStore(
+                store,
+                aggregate_type.category,
+                aggregate_type.state_type,
+                every=snapshot_every,
+                snapshot_version=snapshot_version,
+            )
+            if snapshot_every
+            else None
+        )
+
+    def _register(self, aggregate_type: type[Aggregate[Any]]) -> None:
+        if aggregate_type not in self._registered:
+            register_events(self.store.registry, aggregate_type.event_types())
+            self._registered.add(aggregate_type)
+
+    # -- loading --------------------------------------------------------------
+
+    async def get(self, aggregate_id: str, *, version: int | None = None) -> A:
+        """The aggregate with all its stored events applied, or as it was after event ``version``.
+
+        Raises :class:`AggregateNotFoundError` when it has no events (or fewer
+        than ``version``) and :class:`InvalidAggregateIdError` for an id that
+        cannot name a stream. The returned object is yours: changing it changes
+        nothing stored until you save it.
+        """
+        self.aggregate_type._stream_id(aggregate_id)
+        if version is not None:
+            return await self._load_at(aggregate_id, version)
+        cached = self._cache_get(aggregate_id)
+        if cached is not None:
+            aggregate = cached._copy()
+            if await self._fast_forward(aggregate):
+                self._cache_put(aggregate._copy())
+            return aggregate
+        aggregate = await self._load(aggregate_id)
+        if aggregate.version == 0:
+            raise AggregateNotFoundError(self.aggregate_type.__name__, aggregate_id)
+        self._cache_put(aggregate._copy())
+        return aggregate
+
+    async def _load(self, aggregate_id: str) -> A:
+        """Replay from the store: the latest usable snapshot and the events after it, or every event."""
+        aggregate = self.aggregate_type(aggregate_id)
+        snapshots = self._snapshots
+        if snapshots is not None:
+            snapshot = await snapshots.get(aggregate_id)
+            if snapshot is not None:
+                tail = await self.store.read(
+                    aggregate.stream_id, from_version=snapshot.version + 1, from_position=snapshot.position + 1
+                )
+                if not tail or tail[0].version == snapshot.version + 1:
+                    aggregate.state, aggregate.version, aggregate.position = snapshot.state, snapshot.version, snapshot.position
+                    aggregate._replay(tail)
+                    self.store.remember(aggregate.stream_id, aggregate.version, aggregate.position)
+                    if len(tail) >= snapshots.every:
+                        await snapshots.put(aggregate_id, aggregate.version, aggregate.position, aggregate.state)
+                    return aggregate
+                log.warning(
+                    "The snapshot of %r at version %d does not line up with its events; replaying all events.",
+                    aggregate.stream_id, snapshot.version,
+                )
+        aggregate._replay(await self.store.read(aggregate.stream_id))
+        if snapshots is not None and aggregate.version >= snapshots.every:
+            # No usable snapshot, yet enough events for one: write it so the next load is short.
+            await snapshots.put(aggregate_id, aggregate.version, aggregate.position, aggregate.state)
+        return aggregate
+
+    async def _load_at(self, aggregate_id: str, version: int) -> A:
+        aggregate = self.aggregate_type(aggregate_id)
+        snapshot = await self._snapshots.get(aggregate_id) if self._snapshots is not None else None
+        events: list[RecordedEvent] = []
+        if snapshot is not None and snapshot.version <= version:
+            events = await self.store.read(
+                aggregate.stream_id,
+                from_version=snapshot.version + 1,
+                to_version=version,
+                from_position=snapshot.position + 1,
+            )
+            if not events or events[0].version == snapshot.version + 1:
+                aggregate.state, aggregate.version, aggregate.position = snapshot.state, snapshot.version, snapshot.position
+            else:
+                snapshot = None
+        if snapshot is None:
+            events = await self.store.read(aggregate.stream_id, to_version=version)
+        aggregate._replay(events)
+        if aggregate.version == 0:
+            raise AggregateNotFoundError(self.aggregate_type.__name__, aggregate_id)
+        if aggregate.version < version:
+            raise AggregateNotFoundError(self.aggregate_type.__name__, aggregate_id, version, aggregate.version)
+        # Event `version` may sit mid-commit, so its position does not prove the aggregate is current:
+        # saving it must let the store check the version itself.
+        aggregate._historic = True
+        return aggregate
+
+    async def _fast_forward(self, aggregate: A) -> bool:
+        """Apply the events stored after the aggregate's position; True if there were any."""
+        events = await self.store.read(
+            aggregate.stream_id, from_version=aggregate.version + 1, from_position=aggregate.position + 1
+        )
+        aggregate._replay(events)
+        return bool(events)
+
+    # -- saving ---------------------------------------------------------------
+
+    def _append_request(self, aggregate: Aggregate[Any]) -> tuple[EntityAppend, int]:
+        self._register(type(aggregate))
+        before = aggregate.version - len(aggregate._pending)
+        if before == 0:
+            request = EntityAppend(aggregate.stream_id, list(aggregate._pending), NO_STREAM)
+        else:
+            position = None if aggregate._historic else aggregate.position
+            request = EntityAppend(aggregate.stream_id, list(aggregate._pending), before, position)
+        return request, before
+
+    async def save(self, aggregate: A, *, correlation_id: str | None = None, causation_id: str | None = None) -> None:
+        """Store the aggregate's pending events in one atomic commit, if it is still at the version it was loaded at.
+
+        On success the pending events are cleared and ``position`` is the
+        commit's position. Raises :class:`~eventstore.ConcurrencyError` when
+        someone else saved first (nothing stored; the aggregate keeps its
+        pending events: load it again and rerun the command). Saving an
+        aggregate without pending events does nothing.
+        """
+        await self.save_all([aggregate], correlation_id=correlation_id, causation_id=causation_id)
+
+    async def save_all(
+        self,
+        aggregates: Iterable[Aggregate[Any]],
+        *,
+        correlation_id: str | None = None,
+        causation_id: str | None = None,
+    ) -> None:
+        """Save several aggregates (of any types) in one atomic commit: all are stored, or none is.
+
+        A conflict on any of them raises :class:`~eventstore.ConcurrencyError`
+        and stores nothing for any of them.
+        """
+        dirty = [a for a in aggregates if a._pending]
+        if not dirty:
+            return
+        requests = [self._append_request(a) for a in dirty]
+        results = await self.store.append_many(
+            [request for request, _ in requests], correlation_id=correlation_id, causation_id=causation_id
+        )
+        for aggregate, (_, before), result in zip(dirty, requests, results):
+            aggregate._committed(result.last_version, result.position)
+            if isinstance(aggregate, self.aggregate_type):
+                self._cache_put(aggregate._copy())
+                await self._maybe_snapshot(aggregate, before)
+
+    async def _maybe_snapshot(self, aggregate: A, before: int) -> None:
+        if self._snapshots is not None and self._snapshots.due(before, aggregate.version):
+            await self._snapshots.put(aggregate.id, aggregate.version, aggregate.position, aggregate.state)
+
+    # -- commands -------------------------------------------------------------
+
+    async def execute(
+        self,
+        aggregate_id: str,
+        command: Callable[[A], R | Awaitable[R]],
+        *,
+        create: bool = False,
+        command_id: str | None = None,
+        correlation_id: str | None = None,
+        causation_id: str | None = None,
+    ) -> CommandResult[R]:
+        """Load the aggregate, run ``command`` on it, save what it recorded; retry on conflicts.
+
+        * On :class:`~eventstore.ConcurrencyError` the aggregate is brought up
+          to date and the command runs again, at most ``retry.attempts`` saves,
+          with jittered backoff; then the last ConcurrencyError is raised.
+        * An exception from the command (e.g. a :class:`DomainError`) stores
+          nothing and is raised, never retried. A refusal (or a command that
+          records nothing) is reported only after the command ran on state
+          read from the store, never on a possibly stale cached copy.
+        * ``create=True`` runs the command on a new, empty aggregate when the
+          id has no events; otherwise a missing aggregate raises
+          :class:`AggregateNotFoundError`.
+        * ``command_id`` makes the command idempotent: running it again with
+          the same id stores nothing new and returns the first run's version
+          and position with ``duplicate=True``. It is the append's
+          idempotency key, so the guarantee holds for retries within the
+          stream's duplicate window (``duplicate_window_s``, 2 minutes by
+          default), and beyond it whenever the rerun refuses or records nothing.
+        * ``correlation_id`` and ``causation_id`` are stored with every event;
+          ``causation_id`` defaults to ``command_id``.
+
+        ``command`` may be a plain function or a coroutine function; its
+        return value is returned as ``value``.
+        """
+        stream_id = self.aggregate_type._stream_id(aggregate_id)
+        causation_id = causation_id or command_id
+        conflicts = 0
+        refresh = False
+        next_copy: tuple[A, bool] | None = None
+        while True:
+            aggregate, checked = next_copy or await self._checkout(aggregate_id, create=create, refresh=refresh)
+            next_copy = None
+            ran_at = aggregate.version
+            value: R | None = None
+            try:
+                outcome = command(aggregate)
+                value = cast(R, await outcome if inspect.isawaitable(outcome) else outcome)
+                failed = False
+            except Exception:
+                failed = True
+            if failed or not aggregate._pending:
+                if not checked:
+                    # A refusal or a no-op must not rest on a stale cached copy: rerun if the store moved on.
+                    fresh = await self._checkout(aggregate_id, create=create, refresh=True)
+                    if fresh[0].version != ran_at:
+                        next_copy = fresh
+                        continue
+                found = await self._find_command(stream_id, command_id) if command_id else None
+                if found is not None:
+                    return CommandResult(None, found[0], found[1], True)
+                if failed:
+                    raise
+                return CommandResult(value, aggregate.version, aggregate.position)
+            request, before = self._append_request(aggregate)
+            try:
+                result = await self.store.append(
+                    stream_id,
+                    request.events,
+                    request.expected_version,
+                    expected_position=request.expected_position,
+                    idempotency_key=command_id,
+                    correlation_id=correlation_id,
+                    causation_id=causation_id,
+                )
+            except ConcurrencyError:
+                conflicts += 1
+                if conflicts >= self.retry.attempts:
+                    raise
+                await asyncio.sleep(self.retry.delay_s(conflicts - 1))
+                refresh = True
+                continue
+            if result.duplicate:
+                version = await self._last_version_of_commit(stream_id, result.position)
+                return CommandResult(None, version, result.position, True)
+            aggregate._committed(result.last_version, result.position)
+            self._cache_put(aggregate)  # no copy: nothing else holds this object
+            await self._maybe_snapshot(aggregate, before)
+            return CommandResult(value, aggregate.version, aggregate.position)
+
+    async def _checkout(self, aggregate_id: str, *, create: bool, refresh: bool) -> tuple[A, bool]:
+        """A private copy to run a command on, and whether it was just checked against the store."""
+        cached = self._cache_get(aggregate_id)
+        if cached is not None:
+            aggregate = cached._copy()
+            if not refresh:
+                return aggregate, False
+            if await self._fast_forward(aggregate):
+                self._cache_put(aggregate._copy())
+            return aggregate, True
+        aggregate = await self._load(aggregate_id)
+        if aggregate.version == 0:
+            if not create:
+                raise AggregateNotFoundError(self.aggregate_type.__name__, aggregate_id)
+            return aggregate, True
+        self._cache_put(aggregate._copy())
+        return aggregate, True
+
+    async def _find_command(self, stream_id: StreamId, command_id: str) -> tuple[int, int] | None:
+        """The (version, position) stored by an earlier run of ``command_id`` on this aggregate, if any."""
+        # The event store derives the ids of an idempotent append's events from its key
+        # (append.py, _build); a RecordedEvent does not carry the key itself.
+        first_event_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{command_id}/{stream_id}/0"))
+        events = await self.store.read(stream_id)
+        for event in events:
+            if event.event_id == first_event_id:
+                return max(e.version for e in events if e.position == event.position), event.position
+        return None
+
+    async def _last_version_of_commit(self, stream_id: StreamId, position: int) -> int:
+        # A duplicate acknowledgement carries the commit's position but not its versions.
+        events = await self.store.read(stream_id, from_position=position)
+        return max(e.version for e in events if e.position == position)
+
+    # -- cache ----------------------------------------------------------------
+
+    def _cache_get(self, aggregate_id: str) -> A | None:
+        aggregate = self._cache.get(aggregate_id)
+        if aggregate is not None:
+            self._cache.move_to_end(aggregate_id)
+        return aggregate
+
+    def _cache_put(self, aggregate: A) -> None:
+        if self.cache_size <= 0:
+            return
+        known = self._cache.get(aggregate.id)
+        if known is not None and known.version >= aggregate.version:
+            return
+        self._cache[aggregate.id] = aggregate
+        self._cache.move_to_end(aggregate.id)
+        if len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
