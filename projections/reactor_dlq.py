@@ -32,17 +32,17 @@ from nats.js.errors import NotFoundError
 from eventstore import EventStore, EventStoreError, EventStoreSettings, OrderedPull, RecordedEvent, StreamId
 from eventstore.wire import decode_commit, utc_now_text
 
-from .reactor_errors import DeadLetterError
+from .reactor_errors import DeadLetterStreamError
 
 __all__ = [
-    "DeadLetter",
+    "ReactorDeadLetter",
     "DeadLetterHeader",
     "DeadLetterReason",
     "dead_letter_stream",
     "dead_letter_subject",
     "ensure_dead_letter_stream",
     "publish_dead_letter",
-    "read_dead_letters",
+    "read_reactor_dead_letters",
 ]
 
 _STREAM_NAME_IN_USE = 10058
@@ -84,7 +84,7 @@ def dead_letter_subject(settings: EventStoreSettings, reactor: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
-class DeadLetter:
+class ReactorDeadLetter:
     """One event commit a reactor gave up on, as stored in the dead-letter stream.
 
     ``events`` are the commit's events decoded with the store's registry (empty
@@ -142,16 +142,16 @@ async def ensure_dead_letter_stream(store: EventStore) -> str:
             except NatsError as exc:
                 if getattr(exc, "err_code", None) == _STREAM_NAME_IN_USE:
                     continue  # another worker created it just now
-                raise DeadLetterError(f"Could not create the dead-letter stream {name!r}: {exc}") from exc
+                raise DeadLetterStreamError(f"Could not create the dead-letter stream {name!r}: {exc}") from exc
         except (NatsError, asyncio.TimeoutError) as exc:
-            raise DeadLetterError(f"Could not read the dead-letter stream {name!r}: {exc}") from exc
+            raise DeadLetterStreamError(f"Could not read the dead-letter stream {name!r}: {exc}") from exc
         if subjects[0] not in (info.config.subjects or []):
-            raise DeadLetterError(
+            raise DeadLetterStreamError(
                 f"Stream {name!r} exists but does not take the subjects {subjects[0]!r}, so it cannot hold dead "
                 "letters. Delete or rename that stream, or use another event store stream name."
             )
         return name
-    raise DeadLetterError(f"Could not create or find the dead-letter stream {name!r}.")
+    raise DeadLetterStreamError(f"Could not create or find the dead-letter stream {name!r}.")
 
 
 async def publish_dead_letter(
@@ -192,18 +192,18 @@ async def publish_dead_letter(
         reply = await nc.request(target, data, timeout=settings.request_timeout_s, headers=out)
         ack = json.loads(reply.data)
     except (NatsError, asyncio.TimeoutError, ValueError) as exc:
-        raise DeadLetterError(
+        raise DeadLetterStreamError(
             f"Could not store the dead letter of position {position} for reactor {reactor!r} on {target!r}: {exc}"
         ) from exc
     if "error" in ack:
-        raise DeadLetterError(
+        raise DeadLetterStreamError(
             f"The server refused the dead letter of position {position} for reactor {reactor!r}: "
             f"{ack['error'].get('description', ack['error'])}"
         )
     return not ack.get("duplicate", False)
 
 
-async def read_dead_letters(store: EventStore, reactor: str | None = None) -> list[DeadLetter]:
+async def read_reactor_dead_letters(store: EventStore, reactor: str | None = None) -> list[ReactorDeadLetter]:
     """Every dead letter (of ``reactor``, or of every reactor), oldest first; empty when there is no dead-letter stream."""
     settings = store.settings
     name = dead_letter_stream(settings)
@@ -221,7 +221,7 @@ async def read_dead_letters(store: EventStore, reactor: str | None = None) -> li
         stop_seq=info.state.last_seq,
         api_timeout_s=settings.request_timeout_s,
     )
-    letters: list[DeadLetter] = []
+    letters: list[ReactorDeadLetter] = []
     async for batch in pull.batches():
         for seq, msg in batch:
             headers = dict(msg.headers or {})
@@ -234,7 +234,7 @@ async def read_dead_letters(store: EventStore, reactor: str | None = None) -> li
             except EventStoreError:
                 pass  # an undecodable commit: the raw headers and data are kept
             letters.append(
-                DeadLetter(
+                ReactorDeadLetter(
                     reactor=headers.get(DeadLetterHeader.REACTOR, ""),
                     reason=DeadLetterReason(headers.get(DeadLetterHeader.REASON, DeadLetterReason.MAX_DELIVER.value)),
                     error=headers.get(DeadLetterHeader.ERROR, ""),

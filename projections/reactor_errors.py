@@ -6,7 +6,7 @@ says what was wrong and what to do about it::
     ReactorError
     ├── ReactorConfigError     a Reactor definition or worker option is invalid (also a ValueError)
     ├── ReactorConsumerError   the server refused the reactor's durable consumer, or it vanished
-    └── DeadLetterError        the dead-letter stream could not be created, checked or written
+    └── DeadLetterStreamError  the dead-letter stream could not be created, checked or written
 
 Backend errors (nats-py exceptions, JetStream ``err_code`` values) become these
 in one place each, always with ``raise ... from exc``. A server that cannot be
@@ -18,7 +18,7 @@ reached raises :class:`eventstore.ServerUnavailableError`, as everywhere else.
 
 from __future__ import annotations
 
-__all__ = ["DeadLetterError", "PoisonEvent", "ReactorConfigError", "ReactorConsumerError", "ReactorError"]
+__all__ = ["DeadLetterStreamError", "PoisonEvent", "ReactorConfigError", "ReactorConsumerError", "ReactorError"]
 
 
 class ReactorError(Exception):
@@ -38,7 +38,7 @@ class ReactorConsumerError(ReactorError):
     """
 
 
-class DeadLetterError(ReactorError):
+class DeadLetterStreamError(ReactorError):
     """The dead-letter stream could not be created, checked or written.
 
     A worker that cannot dead-letter an event does not drop it: it leaves the

@@ -23,9 +23,9 @@ What a reactor guarantees:
   reactor; the server hands each message to one of them at a time. There is
   no order across workers, nor within one worker with ``concurrency > 1``, nor
   around a retry (later events go ahead while a failed one waits).
-* **Verdicts.** Handler returns for every event of a message: the message is
-  acknowledged (and the server confirms it). Handler raises: the message is
-  redelivered after ``retry_backoff_s`` (``nak`` with a delay). Handler raises
+* **Verdicts.** The handler returns for every event of a message: the message is
+  acknowledged (and the server confirms it). The handler raises: the message is
+  redelivered after ``retry_backoff_s`` (``nak`` with a delay). The handler raises
   :class:`PoisonEvent`, or the last of ``max_deliver`` deliveries fails, or the
   commit cannot be decoded: the event is stored in the dead-letter stream with
   the reason, then terminated (never delivered again).
@@ -69,13 +69,13 @@ from eventstore import EventStore, EventStoreError, RecordedEvent, ServerUnavail
 from eventstore.streams import validate_category
 
 from .reactor_dlq import DeadLetterReason, ensure_dead_letter_stream, publish_dead_letter
-from .reactor_errors import DeadLetterError, PoisonEvent, ReactorConfigError, ReactorConsumerError, ReactorError
+from .reactor_errors import DeadLetterStreamError, PoisonEvent, ReactorConfigError, ReactorConsumerError, ReactorError
 
-__all__ = ["Handler", "Reactor", "ReactorStats", "ReactorWorker", "Start", "run_reactor"]
+__all__ = ["Reactor", "ReactorHandler", "ReactorStats", "ReactorWorker", "Start", "run_reactor"]
 
 log = logging.getLogger("jetsourcing.reactors")
 
-Handler = Callable[[RecordedEvent], Awaitable[object]]
+ReactorHandler = Callable[[RecordedEvent], Awaitable[object]]
 """An async function called with one event; it returns when the event's effect is done and raises when not."""
 
 _NS = 1_000_000_000
@@ -163,8 +163,8 @@ class Reactor:
     """
 
     name: str
-    handler: Handler | None = None
-    handlers: Mapping[str | type[BaseModel], Handler] = field(default_factory=dict)
+    handler: ReactorHandler | None = None
+    handlers: Mapping[str | type[BaseModel], ReactorHandler] = field(default_factory=dict)
     categories: Sequence[str] | None = None
     max_deliver: int = 5
     retry_backoff_s: Sequence[float] = (1.0, 5.0, 30.0)
@@ -317,7 +317,7 @@ class ReactorWorker:
         self._expires_s = pull_expires_s if pull_expires_s is not None else (0.25 if until_idle else 5.0)
         self._api_timeout_s = store.settings.request_timeout_s
         self._stream = store.settings.stream
-        self._handlers: dict[str, Handler] = {}
+        self._handlers: dict[str, ReactorHandler] = {}
         self._inbox = ""
         self._pulls: dict[str, _Pull] = {}
         self._counter = 0
@@ -456,15 +456,14 @@ class ReactorWorker:
         nc = self.store.nc
         self._inbox = nc.new_inbox()
         self._stopping = False
-        subs: list[Subscription] = [
-            await nc.subscribe(f"{self._inbox}.*", cb=self._on_msg, pending_msgs_limit=-1, pending_bytes_limit=-1),
-            # A backstop for the last delivery of an event whose worker died: the server's advisory.
-            await nc.subscribe(
-                f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{self._stream}.{self.reactor.name}",
-                queue=f"jetsourcing-reactor-{self.reactor.name}",
-                cb=self._on_max_deliveries,
-            ),
-        ]
+        # A backstop for the last delivery of an event whose worker died: the server's advisory, which one
+        # running worker of the reactor (a queue group) turns into a dead letter.
+        advisories: Subscription | None = await nc.subscribe(
+            f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{self._stream}.{self.reactor.name}",
+            queue=f"jetsourcing-reactor-{self.reactor.name}",
+            cb=self._on_max_deliveries,
+        )
+        messages = await nc.subscribe(f"{self._inbox}.*", cb=self._on_msg, pending_msgs_limit=-1, pending_bytes_limit=-1)
         ticker = asyncio.ensure_future(self._heartbeats())
         started = time.monotonic()
         try:
@@ -473,19 +472,19 @@ class ReactorWorker:
             while self._tasks:  # graceful: finish the messages in hand
                 await asyncio.wait(set(self._tasks))
         except BaseException:
-            # Cancelled, or the consumer vanished: hand the messages in hand back at once.
+            # Cancelled, or the consumer vanished: hand the messages in hand back at once. Leave the advisory
+            # queue group first, so an advisory caused by a hand-back goes to a worker that stays.
             self._stopping = True
+            await self._unsubscribe(advisories)
+            advisories = None
             for task in self._tasks:
                 task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
             raise
         finally:
             ticker.cancel()
-            for sub in subs:
-                try:
-                    await sub.unsubscribe()
-                except Exception:  # noqa: BLE001 - closing on a dead connection must not hide the real outcome
-                    pass
+            await self._unsubscribe(advisories)
+            await self._unsubscribe(messages)
             self._pulls.clear()
             s = self.stats
             log.info(
@@ -495,6 +494,14 @@ class ReactorWorker:
                 s.dead_lettered, s.redelivered,
             )
         return self.stats
+
+    @staticmethod
+    async def _unsubscribe(sub: Subscription | None) -> None:
+        if sub is not None:
+            try:
+                await sub.unsubscribe()
+            except Exception:  # noqa: BLE001 - closing on a dead connection must not hide the real outcome
+                pass
 
     async def _pull_loop(self) -> None:
         nc = self.store.nc
@@ -671,7 +678,7 @@ class ReactorWorker:
                 self.store.nc, self.store.settings, reactor=self.reactor.name, reason=reason, error=error,
                 deliveries=delivery, position=position, subject=msg.subject, headers=msg.headers, data=msg.data,
             )
-        except DeadLetterError as dlq_exc:
+        except DeadLetterStreamError as dlq_exc:
             # Keep the event: retry it later; on its last delivery the max-deliveries advisory tries again.
             log.error("reactor %s: %s; the event stays pending", self.reactor.name, dlq_exc)
             await self._reply(msg, b"-NAK " + json.dumps({"delay": int(self.reactor.retry_delay_s(delivery) * _NS)}).encode())
@@ -685,7 +692,13 @@ class ReactorWorker:
         )
 
     async def _on_max_deliveries(self, advisory: Msg) -> None:
-        """An event's last delivery expired without a verdict (its worker died): dead-letter it from here."""
+        # In a task of its own, counted as work in hand: stop() and until_idle wait for it to finish.
+        task = asyncio.ensure_future(self._dead_letter_lost(advisory))
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    async def _dead_letter_lost(self, advisory: Msg) -> None:
+        """An event's last delivery ended without a verdict (its worker died or was cancelled): dead-letter it."""
         try:
             body = json.loads(advisory.data)
             position, deliveries = int(body["stream_seq"]), int(body.get("deliveries", 0))
@@ -694,7 +707,7 @@ class ReactorWorker:
             )
             headers = dict(found.headers or {})
             if headers.get("Status"):
-                raise DeadLetterError(f"position {position} could not be read back: {headers}")
+                raise DeadLetterStreamError(f"position {position} could not be read back: {headers}")
             stored = await publish_dead_letter(
                 self.store.nc, self.store.settings, reactor=self.reactor.name, reason=DeadLetterReason.MAX_DELIVER,
                 error=(

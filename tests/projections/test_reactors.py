@@ -20,13 +20,13 @@ from pydantic import BaseModel
 from eventstore import NO_STREAM, EmbeddedServer, EventStore, EventStoreSettings, RecordedEvent, StreamId
 from projections import (
     DeadLetterReason,
-    Handler,
+    ReactorHandler,
     PoisonEvent,
     Reactor,
     ReactorConfigError,
     ReactorWorker,
     Start,
-    read_dead_letters,
+    read_reactor_dead_letters,
     run_reactor,
 )
 
@@ -98,7 +98,7 @@ async def test_three_workers_share_3000_events_and_none_is_lost(store: EventStor
     await append_numbered(store, range(3000))
     seen: list[Counter[int]] = [Counter(), Counter(), Counter()]
 
-    def handler_for(worker: int) -> Handler:
+    def handler_for(worker: int) -> ReactorHandler:
         async def handle(event: RecordedEvent) -> None:
             await asyncio.sleep(0.002)  # some I/O, so the work is worth spreading
             seen[worker][event.data.n] += 1  # type: ignore[attr-defined]
@@ -149,7 +149,7 @@ async def test_a_handler_that_fails_twice_is_retried_and_the_commit_is_acked_onc
     assert calls[2] == 3, "delivered three times: two failures, then success"
     assert calls[1] == 3, "the commit is retried whole: its first event is handled again (at-least-once)"
     assert (stats.retried, stats.redelivered, stats.handled, stats.dead_lettered) == (2, 2, 2, 0)
-    assert await read_dead_letters(store, "flaky") == []
+    assert await read_reactor_dead_letters(store, "flaky") == []
 
 
 async def test_failing_and_poison_events_land_in_the_dead_letter_stream_with_the_reason(store: EventStore) -> None:
@@ -172,7 +172,7 @@ async def test_failing_and_poison_events_land_in_the_dead_letter_stream_with_the
     assert sorted(handled) == [0, 1, 3, 5], "failing events do not hold the others up"
     assert attempts[2] == 3 and attempts[4] == 1
     assert (stats.dead_lettered, stats.retried) == (2, 2)
-    letters = {d.position: d for d in await read_dead_letters(store, "shipper")}
+    letters = {d.position: d for d in await read_reactor_dead_letters(store, "shipper")}
     assert set(letters) == {positions[2], positions[4]}
 
     failed = letters[positions[2]]
@@ -213,15 +213,19 @@ async def test_an_event_whose_worker_dies_on_its_last_delivery_is_dead_lettered_
     async with connections(store.settings, 2) as (first, second):
         doomed = asyncio.ensure_future(ReactorWorker(first, Reactor("last", handler=hang, **settings)).run())  # type: ignore[arg-type]
         await asyncio.wait_for(holding.wait(), 10)
-        survivor = ReactorWorker(second, Reactor("last", handler=fine, **settings), until_idle=True)  # type: ignore[arg-type]
+        survivor = ReactorWorker(second, Reactor("last", handler=fine, **settings))  # type: ignore[arg-type]
         surviving = asyncio.ensure_future(survivor.run())
-        await asyncio.sleep(0.2)  # the survivor subscribes to the max-deliveries advisory
+        await asyncio.sleep(0.2)  # the survivor joins the max-deliveries advisory's queue group
         doomed.cancel()  # the handler is cancelled on its last delivery: no verdict
         with pytest.raises(asyncio.CancelledError):
             await doomed
-        await asyncio.wait_for(surviving, 15)
+        deadline = time.monotonic() + 10
+        while not (letters := await read_reactor_dead_letters(store, "last")) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        survivor.stop()
+        await asyncio.wait_for(surviving, 10)
 
-    (letter,) = await read_dead_letters(store, "last")
+    (letter,) = letters
     assert (letter.reason, letter.deliveries) == (DeadLetterReason.MAX_DELIVER, 1)
     assert "no verdict" in letter.error
     assert [e.data for e in letter.events] == [Ordered(n=0)]
@@ -291,7 +295,7 @@ async def test_a_long_handler_keeps_its_event_with_heartbeats_and_stop_finishes_
     calls: list[str] = []
     started = asyncio.Event()
 
-    def slow(worker: str) -> Handler:
+    def slow(worker: str) -> ReactorHandler:
         async def handle(event: RecordedEvent) -> None:
             calls.append(worker)
             started.set()
