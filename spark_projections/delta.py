@@ -7,8 +7,9 @@ a projection restartable:
   txnVersion=position)``, so Delta itself refuses to apply the same position twice - a
   retry after a crash, or a second job racing the first, becomes a no-op;
 * every commit records ``{"jetsourcing.app_id", "jetsourcing.position",
-  "jetsourcing.mode"}`` as JSON commit user metadata, so the table's history says which
-  stream position each version reflects.
+  "jetsourcing.mode", "jetsourcing.write_id"}`` as JSON commit user metadata, so the
+  table's history says which stream position each version reflects (and the write id
+  which call made it).
 
 ``position`` is the stream sequence number of the last event the data reflects. Delta
 skips a write whose ``txnVersion`` is not greater than the one recorded for its app id,
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -52,6 +54,7 @@ __all__ = [
     "METADATA_APP_ID",
     "METADATA_MODE",
     "METADATA_POSITION",
+    "METADATA_WRITE_ID",
     "TXN_APP_ID_CONF",
     "TXN_VERSION_CONF",
     "USER_METADATA_CONF",
@@ -68,6 +71,9 @@ __all__ = [
 METADATA_APP_ID = "jetsourcing.app_id"
 METADATA_POSITION = "jetsourcing.position"
 METADATA_MODE = "jetsourcing.mode"
+# A fresh id per call: Delta skips a repeated idempotent write silently, and a racing twin
+# writes the same app_id/position, so only this tells whether *this* call committed.
+METADATA_WRITE_ID = "jetsourcing.write_id"
 
 # Delta reads a DML command's (MERGE/UPDATE/DELETE) idempotency identity and commit
 # metadata from these session confs - the DeltaTable API has no per-call options - and
@@ -96,8 +102,8 @@ Mode = Literal["rebuild", "merge"]
 class WriteResult:
     """Outcome of :func:`full_rebuild` / :func:`incremental_merge`.
 
-    ``applied`` is true iff a commit recording ``(app_id, position)`` appeared in the
-    table during the call (false: the position was already recorded, nothing changed).
+    ``applied`` is true iff this call committed (false: the position was already recorded
+    - by an earlier run or a concurrent twin - and this call changed nothing).
     ``table_version`` is the table's latest version after the call (-1: no table).
     ``recorded_position`` is what :func:`recorded_position` returns for the app id now.
     """
@@ -111,8 +117,8 @@ class WriteResult:
 class HistoryEntry:
     """One commit of a Delta table as :func:`table_history` reports it.
 
-    ``position``, ``app_id`` and ``mode`` come from the commit's jetsourcing user metadata
-    and are ``None`` for commits not made by this module (e.g. OPTIMIZE, VACUUM).
+    ``position``, ``app_id``, ``mode`` and ``write_id`` come from the commit's jetsourcing
+    user metadata and are ``None`` for commits not made by this module (e.g. OPTIMIZE).
     """
 
     version: int
@@ -121,6 +127,7 @@ class HistoryEntry:
     position: int | None
     app_id: str | None
     mode: str | None
+    write_id: str | None = None
 
 
 def full_rebuild(
@@ -148,6 +155,7 @@ def full_rebuild(
     if already is not None and already >= position:
         return WriteResult(False, _table_version(spark, target), already)
     version_before = _table_version(spark, target)
+    write_id = uuid.uuid4().hex
     writer = (
         _drop_tombstones(df, deleted_col)
         .write.format("delta")
@@ -155,7 +163,7 @@ def full_rebuild(
         .option("overwriteSchema", "true")
         .option("txnAppId", app_id)
         .option("txnVersion", str(position))
-        .option("userMetadata", _user_metadata(app_id, position, "rebuild"))
+        .option("userMetadata", _user_metadata(app_id, position, "rebuild", write_id))
     )
     if partition_by:
         writer = writer.partitionBy(*partition_by)
@@ -166,7 +174,7 @@ def full_rebuild(
         # is done (by it); any other conflict is the caller's to retry.
         if not _position_reached(spark, target, app_id, position):
             raise
-    return _result(spark, target, app_id, position, version_before)
+    return _result(spark, target, app_id, write_id, version_before)
 
 
 def incremental_merge(
@@ -207,6 +215,7 @@ def incremental_merge(
     if already is not None and already >= position:
         return WriteResult(False, _table_version(spark, target), already)
     version_before = _table_version(spark, target)
+    write_id = uuid.uuid4().hex
 
     # Persist so the duplicate check and the merge see the same rows and the source is
     # read once; released in `finally`.
@@ -215,15 +224,15 @@ def incremental_merge(
         _check_one_row_per_key(updates, keys)
         try:
             if version_before < 0:
-                _create_from_updates(updates, target, app_id, position, deleted_col)
+                _create_from_updates(updates, target, app_id, position, write_id, deleted_col)
             else:
-                _merge(updates, target, keys, app_id, position, deleted_col)
+                _merge(updates, target, keys, app_id, position, write_id, deleted_col)
         except _CONFLICTS:
             if not _position_reached(spark, target, app_id, position):
                 raise
     finally:
         updates.unpersist()
-    return _result(spark, target, app_id, position, version_before)
+    return _result(spark, target, app_id, write_id, version_before)
 
 
 def recorded_position(spark: SparkSession, path: PathLike, app_id: str) -> int | None:
@@ -299,9 +308,14 @@ def _check_identity(app_id: str, position: int) -> None:
         raise ValueError(f"position must be an int >= 0, got {position!r}")
 
 
-def _user_metadata(app_id: str, position: int, mode: Mode) -> str:
+def _user_metadata(app_id: str, position: int, mode: Mode, write_id: str) -> str:
     return json.dumps(
-        {METADATA_APP_ID: app_id, METADATA_POSITION: position, METADATA_MODE: mode},
+        {
+            METADATA_APP_ID: app_id,
+            METADATA_POSITION: position,
+            METADATA_MODE: mode,
+            METADATA_WRITE_ID: write_id,
+        },
         sort_keys=True,
     )
 
@@ -310,6 +324,7 @@ def _history_entry(row: dict[str, Any]) -> HistoryEntry:
     position: int | None = None
     app_id: str | None = None
     mode: str | None = None
+    write_id: str | None = None
     raw = row.get("userMetadata")
     if raw:
         try:
@@ -320,6 +335,7 @@ def _history_entry(row: dict[str, Any]) -> HistoryEntry:
             position = meta[METADATA_POSITION]
             app_id = meta.get(METADATA_APP_ID)
             mode = meta.get(METADATA_MODE)
+            write_id = meta.get(METADATA_WRITE_ID)
     return HistoryEntry(
         version=int(row["version"]),
         operation=str(row["operation"]),
@@ -327,6 +343,7 @@ def _history_entry(row: dict[str, Any]) -> HistoryEntry:
         position=position,
         app_id=app_id,
         mode=mode,
+        write_id=write_id,
     )
 
 
@@ -355,9 +372,9 @@ def _position_reached(spark: SparkSession, target: str, app_id: str, position: i
 
 
 def _result(
-    spark: SparkSession, target: str, app_id: str, position: int, version_before: int
+    spark: SparkSession, target: str, app_id: str, write_id: str, version_before: int
 ) -> WriteResult:
-    """Whether a commit for (app_id, position) appeared after ``version_before``.
+    """Whether this call's commit (found by ``write_id``) appeared after ``version_before``.
 
     Delta skips a repeated idempotent write silently, so success of the call says nothing;
     the new commits' metadata does.
@@ -369,10 +386,7 @@ def _result(
         rows = DeltaTable.forPath(spark, target).history(limit).collect()
         for row in rows:
             entry = _history_entry(row.asDict())
-            if entry.version > version_before and (entry.app_id, entry.position) == (
-                app_id,
-                position,
-            ):
+            if entry.version > version_before and entry.write_id == write_id:
                 applied = True
                 break
     return WriteResult(applied, version_after, recorded_position(spark, target, app_id))
@@ -402,7 +416,12 @@ def _check_one_row_per_key(updates: DataFrame, keys: list[str]) -> None:
 
 
 def _create_from_updates(
-    updates: DataFrame, target: str, app_id: str, position: int, deleted_col: str | None
+    updates: DataFrame,
+    target: str,
+    app_id: str,
+    position: int,
+    write_id: str,
+    deleted_col: str | None,
 ) -> None:
     # Append (not overwrite): if another job creates the table concurrently, Delta's
     # conflict detection sees both, instead of one silently replacing the other.
@@ -412,7 +431,7 @@ def _create_from_updates(
         .mode("append")
         .option("txnAppId", app_id)
         .option("txnVersion", str(position))
-        .option("userMetadata", _user_metadata(app_id, position, "merge"))
+        .option("userMetadata", _user_metadata(app_id, position, "merge", write_id))
         .save(target)
     )
 
@@ -423,6 +442,7 @@ def _merge(
     keys: list[str],
     app_id: str,
     position: int,
+    write_id: str,
     deleted_col: str | None,
 ) -> None:
     spark = updates.sparkSession
@@ -437,7 +457,7 @@ def _merge(
     settings = {
         TXN_APP_ID_CONF: app_id,
         TXN_VERSION_CONF: str(position),
-        USER_METADATA_CONF: _user_metadata(app_id, position, "merge"),
+        USER_METADATA_CONF: _user_metadata(app_id, position, "merge", write_id),
     }
     for key, value in settings.items():
         session.conf.set(key, value)

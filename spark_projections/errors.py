@@ -151,9 +151,12 @@ class DuplicateKeysError(SparkProjectionError):
     def __init__(self, keys: Sequence[str], examples: Sequence[tuple[object, ...]]) -> None:
         self.keys = tuple(keys)
         self.examples = tuple(examples)
-        shown = ", ".join(repr(e[:-1]) + f" x{e[-1]}" for e in examples)
+        shown = ", ".join(
+            f"{e[0]!r} ({e[-1]} rows)" if len(e) == 2 else f"{e[:-1]!r} ({e[-1]} rows)"
+            for e in examples
+        )
         super().__init__(
-            f"The updates hold several rows for the same key {self.keys}: {shown}. "
+            f"The updates hold several rows per key {list(self.keys)}: {shown}. "
             "Fold them to one row per key first, e.g. with "
             "spark_projections.delta.latest_per_key(df, keys, order_col)."
         )
