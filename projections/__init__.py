@@ -1,4 +1,72 @@
-__all__: list[str] = []
+"""jetsourcing projections: read models kept up to date from the event store, exactly once.
+
+If you are here to read the code, start with ``projection.py`` (defining a
+projection: handlers and declared tables), then ``tables.py`` and
+``transaction.py`` (the backend-neutral API handlers write through, and the
+in-memory store Spark folds into), ``store.py`` (what a read-model backend
+must guarantee) and ``sqlite.py`` (the embedded backend: generations, views,
+checkpoint compare-and-set), ``applier.py`` (batches, exactly once, error
+policies), ``daemon.py`` (runners, leases from ``lease.py``, signals),
+``rebuild.py`` (shadow replay and atomic switch), ``status.py``, ``cli.py``,
+``progress.py``, ``settings.py`` and ``errors.py``.
+"""
+
+from .applier import Counters
+from .daemon import Daemon, Outcome, run_daemon
+from .errors import (
+    CheckpointConflictError,
+    HandlerError,
+    LeaseError,
+    ProjectionDefinitionError,
+    ProjectionError,
+    ProjectionLoadError,
+    ProjectionStoppedError,
+    ReadModelMismatchError,
+    RebuildError,
+    RowError,
+)
+from .projection import ErrorPolicy, Projection, handles
+from .rebuild import RebuildResult, rebuild
+from .settings import ProjectionSettings
+from .sqlite import SqliteStore, SqliteTransaction
+from .status import ProjectionStatus, format_status, read_status
+from .store import DeadLetter, ReadModelStore
+from .tables import Table
+from .transaction import MemoryStore, Transaction, fold
+
+__all__ = [
+    "CheckpointConflictError",
+    "Counters",
+    "Daemon",
+    "DeadLetter",
+    "ErrorPolicy",
+    "HandlerError",
+    "LeaseError",
+    "MemoryStore",
+    "Outcome",
+    "Projection",
+    "ProjectionDefinitionError",
+    "ProjectionError",
+    "ProjectionLoadError",
+    "ProjectionSettings",
+    "ProjectionStatus",
+    "ProjectionStoppedError",
+    "ReadModelMismatchError",
+    "ReadModelStore",
+    "RebuildError",
+    "RebuildResult",
+    "RowError",
+    "SqliteStore",
+    "SqliteTransaction",
+    "Table",
+    "Transaction",
+    "fold",
+    "format_status",
+    "handles",
+    "read_status",
+    "rebuild",
+    "run_daemon",
+]
 
 # reactors
 # (exports of reactors.py are added here by its author; keep this section intact)

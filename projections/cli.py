@@ -1,0 +1,146 @@
+"""The ``jetsourcing`` command: run, rebuild and inspect projections.
+
+::
+
+    jetsourcing run myapp.views:AccountBalances myapp.views:Orders --db views.sqlite3
+    jetsourcing run myapp.views:AccountBalances --until-caught-up     # burst mode: catch up, exit 0
+    jetsourcing rebuild myapp.views:AccountBalances                    # replay into a shadow, switch
+    jetsourcing status [--json]
+
+Projections are named by import path ``module:Class`` (the current directory
+is importable). The server comes from ``NATS_URL`` or ``--nats-url``; every
+setting can also be given as ``JETSOURCING_<FIELD>`` (see
+:class:`~projections.settings.ProjectionSettings`). Exit codes: 0 success,
+1 a projection stopped with an error or a rebuild failed, 2 usage errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from eventstore import EventStoreSettings
+
+from .daemon import run_daemon
+from .errors import ProjectionError, ProjectionLoadError
+from .progress import progress_for
+from .projection import ErrorPolicy, Projection
+from .rebuild import rebuild
+from .settings import ProjectionSettings
+from .status import format_status, read_status
+
+__all__ = ["load_projection", "main"]
+
+
+def load_projection(path: str) -> Projection:
+    """Import ``module:Class`` (or ``module:instance``) and return a projection instance."""
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise ProjectionLoadError(f"{path!r} is not an import path; write it as 'package.module:ProjectionClass'.")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ProjectionLoadError(f"Cannot import {module_name!r} (from {path!r}): {exc}") from exc
+    try:
+        obj = getattr(module, attr)
+    except AttributeError:
+        raise ProjectionLoadError(f"Module {module_name!r} has no attribute {attr!r} (from {path!r}).") from None
+    if isinstance(obj, Projection):
+        return obj
+    if isinstance(obj, type) and issubclass(obj, Projection):
+        return obj()
+    raise ProjectionLoadError(f"{path!r} is {obj!r}, not a Projection subclass or instance.")
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--db", help="SQLite file of the read models (JETSOURCING_DATABASE)")
+    common.add_argument("--nats-url", help="NATS server URL(s) (NATS_URL)")
+    common.add_argument("--stream", help="JetStream stream of the events (JETSOURCING_STREAM)")
+    common.add_argument("--subject-prefix", help="subject prefix of the events (JETSOURCING_SUBJECT_PREFIX)")
+    common.add_argument("--lease-bucket", help="KV bucket of the leases (JETSOURCING_LEASE_BUCKET)")
+    common.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+
+    parser = argparse.ArgumentParser(prog="jetsourcing", description="Run, rebuild and inspect jetsourcing projections.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    run = commands.add_parser("run", parents=[common], help="catch up, then keep the read models up to date")
+    run.add_argument("projections", nargs="+", metavar="module:Class")
+    run.add_argument("--until-caught-up", action="store_true",
+                     help="burst mode: catch up to the stream's last position at start, then exit")
+    run.add_argument("--error-policy", choices=[p.value for p in ErrorPolicy],
+                     help="override every projection's error policy")
+    run.add_argument("--batch-size", type=int, help="events per batch (JETSOURCING_BATCH_SIZE)")
+
+    reb = commands.add_parser("rebuild", parents=[common], help="replay into a shadow copy and switch readers to it")
+    reb.add_argument("projection", metavar="module:Class")
+    reb.add_argument("--batch-size", type=int, help="events per batch (JETSOURCING_REBUILD_BATCH_SIZE)")
+    reb.add_argument("--error-policy", choices=[p.value for p in ErrorPolicy])
+
+    status = commands.add_parser("status", parents=[common], help="checkpoints, lag and state of every projection")
+    status.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    return parser
+
+
+def _settings(args: argparse.Namespace) -> ProjectionSettings:
+    es: dict[str, Any] = {}
+    for option, field in (("nats_url", "nats_url"), ("stream", "stream"), ("subject_prefix", "subject_prefix")):
+        if getattr(args, option, None):
+            es[field] = getattr(args, option)
+    values: dict[str, Any] = {"eventstore": EventStoreSettings(**es)}
+    if args.db:
+        values["database"] = args.db
+    if args.lease_bucket:
+        values["lease_bucket"] = args.lease_bucket
+    if getattr(args, "error_policy", None):
+        values["error_policy"] = args.error_policy
+    if getattr(args, "batch_size", None):
+        values["rebuild_batch_size" if args.command == "rebuild" else "batch_size"] = args.batch_size
+    return ProjectionSettings(**values)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``jetsourcing`` console script; returns the exit code."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s")
+    try:
+        settings = _settings(args)
+        if args.command == "run":
+            projections = [load_projection(p) for p in args.projections]
+            return run_daemon(projections, settings, until_caught_up=args.until_caught_up)
+        if args.command == "rebuild":
+            projection = load_projection(args.projection)
+            result = asyncio.run(
+                rebuild(projection, settings, progress=progress_for(f"rebuild {projection.name}"))
+            )
+            print(f"{result.projection}: generation {result.generation} is live at checkpoint {result.checkpoint} "
+                  f"({result.events} events in {result.seconds:.1f}s, {result.events_per_s:,.0f} events/s, "
+                  f"{result.dead_lettered} dead-lettered)")
+            return 0
+        statuses = asyncio.run(read_status(settings))
+        if args.json:
+            print(json.dumps([s.as_dict() for s in statuses], indent=2))
+        else:
+            print(format_status(statuses))
+        return 0
+    except ProjectionLoadError as exc:
+        print(f"jetsourcing: {exc}", file=sys.stderr)
+        return 2
+    except ProjectionError as exc:
+        print(f"jetsourcing: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

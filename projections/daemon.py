@@ -1,0 +1,359 @@
+"""The projection daemon: keeps read models up to date, one runner per projection.
+
+Each :class:`ProjectionRunner`:
+
+1. waits for the projection's lease (a second daemon waits here and takes over
+   within one lease TTL when the first dies);
+2. claims the live generation; rebuilds first if the declared ``version`` is
+   newer than the stored one (``auto_rebuild``); refuses to run on a read
+   model built by a newer version, from another stream, or with different
+   tables under the same version;
+3. catches up from the checkpoint, then follows live
+   (:meth:`EventStore.subscribe` survives server restarts), applying each
+   batch with its checkpoint in one store transaction;
+4. on a checkpoint conflict (a rebuild switched generations), reloads and
+   resumes; on a lost lease, goes back to 1;
+5. stops on a handler failure under the ``stop`` policy (full report stored
+   for ``status``; the other projections keep running), on :meth:`Daemon.stop`
+   (SIGINT/SIGTERM: the batch in hand is committed or rolled back as a whole,
+   the lease released, counters logged), or in burst mode once it has reached
+   the stream's last position at start.
+
+Example::
+
+    daemon = Daemon([AccountBalances()], ProjectionSettings(database="views.sqlite3"))
+    await daemon.run()                       # until daemon.stop()
+    await daemon.run(until_caught_up=True)   # burst mode
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import signal
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from nats.js.kv import KeyValue
+
+from eventstore import EventStore, RecordedEvent
+
+from .applier import Applier, Counters, error_report
+from .connection import connect_event_store, lease_key
+from .errors import CheckpointConflictError, ProjectionStoppedError, ReadModelMismatchError
+from .lease import Lease, new_owner_id, open_lease_bucket
+from .progress import progress_for
+from .projection import Projection
+from .rebuild import rebuild
+from .settings import ProjectionSettings
+from .sqlite import SqliteStore
+from .store import Generation, ReadModelStore, RunState, Writer
+
+__all__ = ["Daemon", "Outcome", "ProjectionRunner", "run_daemon"]
+
+log = logging.getLogger("projections")
+
+_STORE_RETRIES = 3
+
+
+class Outcome(str, enum.Enum):
+    """How a runner ended."""
+
+    CAUGHT_UP = "caught_up"
+    """Burst mode: the read model reached the stream's last position at start."""
+    STOPPED = "stopped"
+    """Asked to stop (signal or :meth:`Daemon.stop`)."""
+    ERROR = "error"
+    """Stopped by a handler failure (``stop`` policy) or an unusable read model; see ``status``."""
+
+
+class _Reload(Exception):
+    """Internal: the live generation changed under the runner; claim it again."""
+
+
+class ProjectionRunner:
+    """Runs one projection until stopped (see the module docs). Not reusable."""
+
+    def __init__(
+        self,
+        projection: Projection,
+        event_store: EventStore,
+        settings: ProjectionSettings,
+        kv: KeyValue,
+        lease_ttl_s: float,
+        stop: asyncio.Event,
+        *,
+        until_caught_up: bool = False,
+        owner: str | None = None,
+    ) -> None:
+        self.projection = projection
+        self.es = event_store
+        self.settings = settings
+        self.kv = kv
+        self.lease_ttl_s = lease_ttl_s
+        self.stop_event = stop
+        self.until_caught_up = until_caught_up
+        self.owner = owner or new_owner_id()
+        self.counters = Counters()
+        self.policy = settings.error_policy or projection.error_policy
+        self.name = projection.name
+
+    async def run(self) -> Outcome:
+        """Run until stopped, caught up (burst mode) or failed; never raises for a handler failure."""
+        store = SqliteStore(
+            self.settings.database,
+            synchronous=self.settings.sqlite_synchronous,
+            busy_timeout_s=self.settings.sqlite_busy_timeout_s,
+            cache_rows=self.settings.row_cache_size,
+        )
+        outcome = Outcome.STOPPED
+        try:
+            store.ensure_live(self.projection, self.settings.eventstore.stream)
+            lease = Lease(self.kv, lease_key(store.store_id, self.name), self.owner, self.lease_ttl_s)
+            while not self.stop_event.is_set():
+                if not await lease.acquire(self.stop_event):
+                    break
+                try:
+                    result = await self._own(store, lease)
+                finally:
+                    await lease.release()
+                if result is not None:
+                    outcome = result
+                    break
+        except Exception as exc:  # noqa: BLE001 - one projection's failure must not stop the others
+            log.exception("%s: stopped by an unexpected error.", self.name)
+            with contextlib.suppress(Exception):
+                store.set_state(
+                    self.name, RunState.ERROR, owner=self.owner, counters=self.counters.as_dict(),
+                    error={"error": f"{type(exc).__name__}: {exc}", "at": time.time()},
+                )
+            outcome = Outcome.ERROR
+        finally:
+            store.close()
+            log.info("%s: %s -- %s", self.name, outcome.value, self.counters.summary())
+        return outcome
+
+    # -- owning the projection ----------------------------------------------
+
+    async def _own(self, store: ReadModelStore, lease: Lease) -> Outcome | None:
+        """Work while holding the lease; None means "the lease was lost, wait for it again"."""
+        while True:
+            try:
+                writer = await self._claim(store, lease)
+            except ReadModelMismatchError as exc:
+                log.error("%s", exc)
+                store.set_state(self.name, RunState.ERROR, owner=self.owner, error={"error": str(exc), "at": time.time()})
+                return Outcome.ERROR
+            try:
+                return await self._follow(store, writer, lease)
+            except _Reload:
+                self.counters.conflicts += 1
+                writer.close()
+                if lease.lost.is_set():
+                    return None
+                log.info("%s: the read model moved under this daemon (rebuild switch?); reloading.", self.name)
+
+    async def _claim(self, store: ReadModelStore, lease: Lease) -> Writer:
+        gen = store.claim(self.name, self.owner)
+        problem = self._mismatch(gen)
+        if problem == "rebuild":
+            if not self.settings.auto_rebuild:
+                raise ReadModelMismatchError(
+                    f"{self.name}: the read model is version {gen.version}, the code declares version "
+                    f"{self.projection.version}: run `jetsourcing rebuild` (auto_rebuild is off)."
+                )
+            log.info("%s: read model is version %d, code is version %d: rebuilding (readers keep the old model).",
+                     self.name, gen.version, self.projection.version)
+            await rebuild(self.projection, self.settings, event_store=self.es, store=store, kv=self.kv,
+                          owner=self.owner, progress=progress_for(f"rebuild {self.name}"))
+            gen = store.claim(self.name, self.owner)
+            problem = self._mismatch(gen)
+        if problem:
+            raise ReadModelMismatchError(problem)
+        log.info("%s: owning generation %d (version %d) at checkpoint %d.", self.name, gen.generation, gen.version,
+                 gen.checkpoint)
+        return store.writer(gen, self.owner)
+
+    def _mismatch(self, gen: Generation) -> str | None:
+        p = self.projection
+        stream = self.settings.eventstore.stream
+        if gen.stream != stream:
+            return (f"{self.name}: the read model was built from stream {gen.stream!r}, not {stream!r}. Use another "
+                    "database file, or rebuild it from this stream.")
+        if gen.version > p.version:
+            return (f"{self.name}: the read model is version {gen.version}, newer than this code's version "
+                    f"{p.version}. Deploy the newer code (a daemon never downgrades a read model).")
+        if gen.version < p.version:
+            return "rebuild"
+        if gen.definition.get("tables") != p.describe()["tables"] or gen.definition.get("categories") != p.describe()[
+            "categories"
+        ]:
+            return (f"{self.name}: tables or categories changed but the version is still {p.version}. Bump `version` "
+                    "so the read model is rebuilt.")
+        return None
+
+    # -- following ------------------------------------------------------------
+
+    def _source(self, writer: Writer, target: int | None) -> AsyncIterator[list[RecordedEvent]]:
+        if target is not None:
+            return self.es.read_all(from_position=writer.checkpoint + 1, to_position=target,
+                                    categories=self.projection.categories, batch=self.settings.batch_size)
+        return self.es.subscribe(from_position=writer.checkpoint + 1, categories=self.projection.categories,
+                                 batch=self.settings.batch_size, heartbeat_s=self.settings.heartbeat_s)
+
+    async def _follow(self, store: ReadModelStore, writer: Writer, lease: Lease) -> Outcome | None:
+        applier = Applier(self.projection, writer, self.policy, self.counters)
+        target = await self.es.last_position() if self.until_caught_up else None
+        if target is not None:
+            log.info("%s: catching up from %d to %d (burst mode).", self.name, writer.checkpoint, target)
+        source = self._source(writer, target)
+        next_batch: asyncio.Task[list[RecordedEvent]] | None = None
+        stop_wait = asyncio.ensure_future(self.stop_event.wait())
+        lost_wait = asyncio.ensure_future(lease.lost.wait())
+        interval = self.settings.status_interval_s
+        last_touch = time.monotonic()
+        try:
+            while True:
+                if next_batch is None:
+                    next_batch = asyncio.ensure_future(source.__anext__())
+                done, _ = await asyncio.wait(
+                    {next_batch, stop_wait, lost_wait}, timeout=interval, return_when=asyncio.FIRST_COMPLETED
+                )
+                if next_batch in done:
+                    task, next_batch = next_batch, None
+                    try:
+                        events = task.result()
+                    except StopAsyncIteration:
+                        self._apply(applier, [], through=target)
+                        store.set_state(self.name, RunState.STOPPED, owner=self.owner, counters=self.counters.as_dict())
+                        log.info("%s: caught up to position %d.", self.name, writer.checkpoint)
+                        return Outcome.CAUGHT_UP
+                    if lease.lost.is_set():
+                        raise _Reload  # never apply without the lease; the batch is read again by the next owner
+                    try:
+                        self._apply(applier, events)
+                    except ProjectionStoppedError as exc:
+                        failure = exc.failure
+                        log.error("%s\n%s", exc, failure.traceback)
+                        store.set_state(self.name, RunState.ERROR, owner=self.owner,
+                                        counters=self.counters.as_dict(), error=error_report(failure))
+                        return Outcome.ERROR
+                if self.stop_event.is_set():
+                    store.set_state(self.name, RunState.STOPPED, owner=self.owner, counters=self.counters.as_dict())
+                    return Outcome.STOPPED
+                if lease.lost.is_set():
+                    raise _Reload
+                now = time.monotonic()
+                if now - last_touch >= interval:
+                    last_touch = now
+                    if not writer.touch(self.counters.as_dict()):
+                        raise _Reload
+        finally:
+            pending: list[asyncio.Future[Any]] = [t for t in (next_batch, stop_wait, lost_wait) if t is not None]
+            for future in pending:
+                if not future.done():
+                    future.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+            aclose = getattr(source, "aclose", None)
+            if aclose is not None:
+                with contextlib.suppress(Exception):
+                    await aclose()
+
+    def _apply(self, applier: Applier, events: list[RecordedEvent], through: int | None = None) -> None:
+        """Apply one batch; a checkpoint conflict means reload; store failures are retried, then raised."""
+        for attempt in range(_STORE_RETRIES + 1):
+            try:
+                if events:
+                    applier.apply(events, through)
+                elif through is not None:
+                    applier.advance(through)
+                return
+            except CheckpointConflictError:
+                raise _Reload from None
+            except sqlite3.OperationalError as exc:
+                if attempt == _STORE_RETRIES:
+                    raise
+                log.warning("%s: read-model store failed (%s); retrying the batch.", self.name, exc)
+                time.sleep(0.5 * 2**attempt)
+
+
+class Daemon:
+    """Runs several projections side by side on one event-store connection.
+
+    Guarantees: each projection has its own runner, lease, store connection
+    and error state; one projection failing never stops the others.
+    """
+
+    def __init__(
+        self,
+        projections: Sequence[Projection],
+        settings: ProjectionSettings | None = None,
+        *,
+        event_store: EventStore | None = None,
+    ) -> None:
+        if not projections:
+            raise ValueError("Give the daemon at least one projection.")
+        names = [p.name for p in projections]
+        if len(set(names)) != len(names):
+            raise ValueError(f"Each projection may run once per daemon; got {names}.")
+        self.projections = list(projections)
+        self.settings = settings or ProjectionSettings()
+        self.event_store = event_store
+        self.owner = new_owner_id()
+        self._stop = asyncio.Event()
+        self.outcomes: dict[str, Outcome] = {}
+
+    def stop(self) -> None:
+        """Ask every runner to finish its batch, commit, release its lease and return."""
+        self._stop.set()
+
+    async def run(self, *, until_caught_up: bool = False) -> dict[str, Outcome]:
+        """Run every projection until :meth:`stop` (or, with ``until_caught_up``, until each has caught up)."""
+        self._stop = asyncio.Event()
+        es = self.event_store or await connect_event_store(self.settings)
+        try:
+            for projection in self.projections:
+                projection.bind(es.registry)
+            kv, ttl = await open_lease_bucket(es.nc, self.settings.lease_bucket, self.settings.lease_ttl_s)
+            runners = [
+                ProjectionRunner(p, es, self.settings, kv, ttl, self._stop, until_caught_up=until_caught_up,
+                                 owner=f"{self.owner}:{p.name}")
+                for p in self.projections
+            ]
+            results = await asyncio.gather(*(r.run() for r in runners))
+            self.outcomes = {r.name: o for r, o in zip(runners, results)}
+            return self.outcomes
+        finally:
+            if self.event_store is None:
+                await es.close()
+
+
+def run_daemon(
+    projections: Sequence[Projection], settings: ProjectionSettings | None = None, *, until_caught_up: bool = False
+) -> int:
+    """Run a :class:`Daemon` in a new event loop, stopping cleanly on SIGINT/SIGTERM.
+
+    Returns the process exit code: 0 when every projection stopped or caught
+    up, 1 when any stopped with an error.
+    """
+    daemon = Daemon(projections, settings)
+
+    async def main() -> dict[str, Outcome]:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError):
+                loop.add_signal_handler(sig, _on_signal, daemon, sig)
+        return await daemon.run(until_caught_up=until_caught_up)
+
+    outcomes = asyncio.run(main())
+    return 1 if any(o is Outcome.ERROR for o in outcomes.values()) else 0
+
+
+def _on_signal(daemon: Daemon, sig: signal.Signals) -> None:
+    log.info("Received %s: finishing the current batches and stopping.", sig.name)
+    daemon.stop()
+

@@ -1,0 +1,173 @@
+"""Leases in a JetStream key-value bucket: at most one daemon applies a projection to a read-model store.
+
+A lease is the KV key ``<store id>.<projection>`` created with "create only
+if absent" and holding the owner's id. The bucket's TTL (``max_age``) makes
+an abandoned lease expire; the holder renews it every TTL/3 with a
+compare-and-set on the revision it last wrote. A second daemon polls until
+the key is gone (released, or expired because the holder died) and then
+creates it: it takes over within one TTL of the holder's death.
+
+A lease is only an optimisation against wasted work. Correctness does not
+depend on it: every batch commit in the read-model store is a
+compare-and-set on (checkpoint, owner), so a paused holder that wakes after
+losing its lease cannot apply anything twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import uuid
+
+from nats.aio.client import Client as NATS
+from nats.js.api import KeyValueConfig
+from nats.js.errors import BadRequestError, KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.kv import KeyValue
+
+from .errors import LeaseError
+
+__all__ = ["Lease", "new_owner_id", "open_lease_bucket"]
+
+log = logging.getLogger("projections")
+
+_STREAM_NAME_IN_USE = 10058
+
+
+def new_owner_id() -> str:
+    """A unique id for one daemon or rebuild: ``host:pid:random``."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+async def open_lease_bucket(nc: NATS, bucket: str, ttl_s: float, timeout_s: float = 5.0) -> tuple[KeyValue, float]:
+    """The lease bucket (created with ``ttl_s`` if missing) and its actual TTL in seconds.
+
+    An existing bucket keeps its own TTL: every daemon sharing it must agree.
+    """
+    js = nc.jetstream(timeout=timeout_s)
+    try:
+        kv = await js.create_key_value(KeyValueConfig(bucket=bucket, ttl=ttl_s, history=1))
+        return kv, ttl_s
+    except BadRequestError as exc:
+        if exc.err_code != _STREAM_NAME_IN_USE:
+            raise LeaseError(f"Could not create the lease bucket {bucket!r}: {exc}") from exc
+    kv = await js.key_value(bucket)
+    status = await kv.status()
+    ttl = float(status.ttl or 0)
+    if ttl <= 0:
+        raise LeaseError(
+            f"Lease bucket {bucket!r} exists without a TTL, so a dead daemon's lease would never expire. "
+            "Delete it (nats kv del --force) or choose another lease_bucket."
+        )
+    if ttl != ttl_s:
+        log.info("Lease bucket %r has a TTL of %.1fs (not the configured %.1fs); using it.", bucket, ttl, ttl_s)
+    return kv, ttl
+
+
+class Lease:
+    """One lease: ``acquire`` (waiting), keep alive in the background, ``release``.
+
+    Guarantees: while :attr:`lost` is not set, no other owner has created the
+    key since this one did (as far as the server has answered); ``lost`` is
+    set as soon as a renewal finds another owner.
+    """
+
+    def __init__(self, kv: KeyValue, key: str, owner: str, ttl_s: float) -> None:
+        self.kv = kv
+        self.key = key
+        self.owner = owner
+        self.ttl_s = ttl_s
+        self.revision: int | None = None
+        self.lost = asyncio.Event()
+        self._keepalive: asyncio.Task[None] | None = None
+
+    @property
+    def held(self) -> bool:
+        """True while this owner holds the lease (as far as it knows)."""
+        return self.revision is not None and not self.lost.is_set()
+
+    async def holder(self) -> str | None:
+        """The current holder's owner id, or None when the lease is free."""
+        try:
+            entry = await self.kv.get(self.key)
+        except KeyNotFoundError:  # also KeyDeletedError
+            return None
+        return entry.value.decode() if entry.value else None
+
+    async def try_acquire(self) -> bool:
+        """Take the lease if it is free; True on success (then it is kept alive until :meth:`release`)."""
+        try:
+            self.revision = await self.kv.create(self.key, self.owner.encode())
+        except KeyWrongLastSequenceError:
+            return False
+        self.lost = asyncio.Event()
+        self._keepalive = asyncio.create_task(self._keep_alive(), name=f"lease {self.key}")
+        return True
+
+    async def acquire(self, stop: asyncio.Event) -> bool:
+        """Wait until the lease is ours (True) or ``stop`` is set (False). Survives server outages."""
+        announced = None
+        while not stop.is_set():
+            try:
+                if await self.try_acquire():
+                    if announced:
+                        log.info("%s: took over the lease from %s.", self.key, announced)
+                    return True
+                holder = await self.holder()
+                if holder and holder != announced:
+                    log.info("%s: held by %s; waiting to take over (TTL %.1fs).", self.key, holder, self.ttl_s)
+                    announced = holder
+            except Exception as exc:  # noqa: BLE001 - server unreachable: keep trying until stopped
+                log.debug("%s: lease request failed (%s); retrying.", self.key, exc)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), min(self.ttl_s / 4, 1.0))
+        return False
+
+    async def _keep_alive(self) -> None:
+        interval = self.ttl_s / 3
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                self.revision = await self.kv.update(self.key, self.owner.encode(), last=self.revision)
+                continue
+            except KeyWrongLastSequenceError:
+                pass
+            except Exception as exc:  # noqa: BLE001 - a restarting server: try again next time
+                log.debug("%s: lease renewal failed (%s); retrying.", self.key, exc)
+                continue
+            try:
+                # Our revision is not the last: the key expired (e.g. during a long outage) or someone took it.
+                try:
+                    entry = await self.kv.get(self.key)
+                    holder = entry.value.decode() if entry.value else None
+                except KeyNotFoundError:
+                    entry, holder = None, None
+                if holder == self.owner and entry is not None:
+                    self.revision = entry.revision  # our renewal landed but its answer was lost
+                    continue
+                if holder is None:
+                    self.revision = await self.kv.create(self.key, self.owner.encode())
+                    log.info("%s: lease had expired; re-acquired it.", self.key)
+                    continue
+            except KeyWrongLastSequenceError:
+                holder = "another daemon"
+            except Exception as exc:  # noqa: BLE001
+                log.debug("%s: lease check failed (%s); retrying.", self.key, exc)
+                continue
+            log.warning("%s: lease lost to %s; stopping work on it.", self.key, holder)
+            self.lost.set()
+            return
+
+    async def release(self) -> None:
+        """Stop renewing and delete the key (if still ours), so a waiting daemon takes over at once."""
+        task, self._keepalive = self._keepalive, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        revision, self.revision = self.revision, None
+        if revision is not None and not self.lost.is_set():
+            with contextlib.suppress(Exception):
+                await self.kv.delete(self.key, last=revision)

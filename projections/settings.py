@@ -1,0 +1,62 @@
+"""Settings of the projection daemon, rebuilds and status: read once, at the edge.
+
+Explicit arguments beat environment variables (``JETSOURCING_<FIELD>``, e.g.
+``JETSOURCING_DATABASE``), which beat defaults. The connection and stream
+come from the nested :class:`~eventstore.EventStoreSettings` (``NATS_URL``,
+``JETSOURCING_STREAM``, ...)::
+
+    ProjectionSettings()                                             # defaults + environment
+    ProjectionSettings(database="views.sqlite3", batch_size=500)      # explicit
+    settings.model_copy(update={"lease_ttl_s": 2.0})                 # a changed copy
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from eventstore import EventStoreSettings
+
+from .projection import ErrorPolicy
+
+__all__ = ["ProjectionSettings"]
+
+
+class ProjectionSettings(BaseSettings):
+    """Where read models live and how the daemon runs them (immutable)."""
+
+    model_config = SettingsConfigDict(env_prefix="JETSOURCING_", frozen=True, extra="forbid")
+
+    eventstore: EventStoreSettings = Field(
+        default_factory=EventStoreSettings, description="Server URL and stream (NATS_URL, JETSOURCING_STREAM, ...)."
+    )
+    database: Path = Field(default=Path("jetsourcing.sqlite3"), description="The SQLite file holding the read models.")
+    batch_size: int = Field(default=1000, ge=1, le=100_000, description="Events per pull request while following.")
+    rebuild_batch_size: int = Field(default=5000, ge=1, le=100_000, description="Events per pull request in rebuilds.")
+    error_policy: ErrorPolicy | None = Field(
+        default=None, description="Overrides every projection's own error_policy: 'stop' or 'dead_letter'."
+    )
+    auto_rebuild: bool = Field(
+        default=True, description="Rebuild a projection whose declared version is newer than its read model's."
+    )
+    lease_bucket: str = Field(
+        default="jetsourcing_leases", pattern=r"^[A-Za-z0-9_-]+$", description="JetStream KV bucket of the leases."
+    )
+    lease_ttl_s: float = Field(
+        default=10.0, ge=1.0, description="A dead daemon's projections are taken over within this many seconds."
+    )
+    heartbeat_s: float = Field(
+        default=1.0, gt=0, description="Consumer idle heartbeat: how fast a lost server connection is noticed."
+    )
+    status_interval_s: float = Field(default=2.0, gt=0, description="How often an idle daemon records a heartbeat.")
+    stale_after_s: float = Field(
+        default=15.0, gt=0, description="status reports a 'running' projection without heartbeat for this long as stale."
+    )
+    sqlite_synchronous: Literal["NORMAL", "FULL"] = Field(
+        default="NORMAL", description="NORMAL survives process crashes; FULL also power loss (slower)."
+    )
+    sqlite_busy_timeout_s: float = Field(default=30.0, gt=0, description="How long a write waits for another writer.")
+    row_cache_size: int = Field(default=100_000, ge=0, description="Committed rows a writer keeps in memory.")

@@ -1,0 +1,243 @@
+"""Status of the projections in a read-model store, readable from any process.
+
+Everything comes from the store (checkpoints, the daemon's recorded state and
+heartbeat, rebuild progress, dead letters, the last error) plus two questions
+to the server: the stream's last position, and how many commits after each
+checkpoint match the projection's categories (and when the oldest of them was
+recorded: the lag in seconds). ``state`` is one of:
+
+``running``     a daemon owns it and its heartbeat is fresh
+``rebuilding``  a rebuild is filling a new generation (the live one is still served)
+``stopped``     the daemon stopped cleanly (or caught up in burst mode)
+``error``       stopped by a handler failure; ``error`` holds the report
+``stale``       recorded as running, but no heartbeat for ``stale_after_s``: the daemon died
+``new``         created, never run
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+from eventstore import EventStore, Header
+
+from .connection import connect_event_store
+from .settings import ProjectionSettings
+from .sqlite import SqliteStore
+from .store import GenerationState, ReadModelStore, RunState, StoredStatus
+
+__all__ = ["ProjectionStatus", "RebuildStatus", "format_status", "read_status"]
+
+_NS = 1_000_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class RebuildStatus:
+    """A generation being built by a rebuild."""
+
+    generation: int
+    version: int
+    checkpoint: int
+    target: int | None
+    active: bool
+    """False when its heartbeat is stale: the rebuild died (the next rebuild drops it)."""
+    heartbeat_age_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class ProjectionStatus:
+    """One projection's status; ``lag_*`` and ``last_position`` are None when the server could not be asked."""
+
+    projection: str
+    state: str
+    version: int | None
+    generation: int | None
+    checkpoint: int
+    last_position: int | None
+    lag_commits: int | None
+    """Commits of the projection's categories after the checkpoint (one append to one entity = one commit)."""
+    lag_s: float | None
+    """How long the oldest unapplied commit has been waiting (0 when caught up)."""
+    owner: str | None
+    heartbeat_age_s: float | None
+    dead_letters: int
+    error: dict[str, Any] | None
+    rebuild: RebuildStatus | None
+    counters: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-able form (``jetsourcing status --json``)."""
+        return asdict(self)
+
+
+async def read_status(
+    settings: ProjectionSettings | None = None,
+    *,
+    event_store: EventStore | None = None,
+    store: ReadModelStore | None = None,
+) -> list[ProjectionStatus]:
+    """The status of every projection in the store (``settings.database`` unless ``store`` is given)."""
+    settings = settings or ProjectionSettings()
+    own_store = store is None
+    rm = store or SqliteStore(settings.database, busy_timeout_s=settings.sqlite_busy_timeout_s)
+    try:
+        stored = rm.statuses()
+    finally:
+        if own_store:
+            rm.close()
+    es = event_store
+    own_es = False
+    if es is None and settings.eventstore.nats_url:
+        try:
+            es = await connect_event_store(settings)
+            own_es = True
+        except Exception:  # noqa: BLE001 - status still shows what the store knows
+            es = None
+    try:
+        last = None
+        if es is not None:
+            try:
+                last = await es.last_position()
+            except Exception:  # noqa: BLE001
+                es = None
+        return [await _status(s, settings, es, last) for s in stored]
+    finally:
+        if own_es and es is not None:
+            await es.close()
+
+
+async def _status(s: StoredStatus, settings: ProjectionSettings, es: EventStore | None, last: int | None) -> ProjectionStatus:
+    now = time.time()
+    live = s.live
+    checkpoint = live.checkpoint if live else 0
+    heartbeat_age = now - live.heartbeat_at if live and live.heartbeat_at else None
+    state = s.state.value
+    if s.state is RunState.RUNNING and (heartbeat_age is None or heartbeat_age > settings.stale_after_s):
+        state = "stale"
+    rebuild = None
+    if s.building is not None and s.building.state is GenerationState.BUILDING:
+        b = s.building
+        age = now - b.heartbeat_at if b.heartbeat_at else None
+        active = age is not None and age <= settings.stale_after_s
+        rebuild = RebuildStatus(b.generation, b.version, b.checkpoint, b.target, active, age)
+        if active:
+            state = "rebuilding"
+    lag_commits = lag_s = None
+    if es is not None and last is not None and live is not None:
+        try:
+            lag_commits, lag_s = await _lag(es, live.definition.get("categories"), checkpoint, last)
+        except Exception:  # noqa: BLE001 - leave the lag unknown
+            pass
+    return ProjectionStatus(
+        projection=s.projection,
+        state=state,
+        version=live.version if live else None,
+        generation=live.generation if live else None,
+        checkpoint=checkpoint,
+        last_position=last,
+        lag_commits=lag_commits,
+        lag_s=lag_s,
+        owner=s.owner,
+        heartbeat_age_s=heartbeat_age,
+        dead_letters=s.dead_letters,
+        error=s.error if s.state is RunState.ERROR else None,
+        rebuild=rebuild,
+        counters=s.counters,
+    )
+
+
+async def _lag(es: EventStore, categories: list[str] | None, checkpoint: int, last: int) -> tuple[int, float]:
+    """(commits after ``checkpoint`` matching ``categories``, age in seconds of the first of them)."""
+    if checkpoint >= last:
+        return 0, 0.0
+    nc = es.nc
+    stream = es.settings.stream
+    timeout = es.settings.request_timeout_s
+    subjects = es.filter_subjects(categories)
+    name = "status" + nc.new_inbox().rsplit(".", 1)[-1]
+    config: dict[str, Any] = {
+        "name": name,
+        "deliver_policy": "by_start_sequence",
+        "opt_start_seq": checkpoint + 1,
+        "ack_policy": "none",
+        "mem_storage": True,
+        "num_replicas": 1,
+        "inactive_threshold": 5 * _NS,
+    }
+    if len(subjects) == 1:
+        config["filter_subject"] = subjects[0]
+    else:
+        config["filter_subjects"] = subjects
+    reply = await nc.request(
+        f"$JS.API.CONSUMER.CREATE.{stream}.{name}", json.dumps({"stream_name": stream, "config": config}).encode(),
+        timeout=timeout,
+    )
+    info = json.loads(reply.data)
+    await nc.publish(f"$JS.API.CONSUMER.DELETE.{stream}.{name}", b"")
+    if "error" in info:
+        raise RuntimeError(str(info["error"]))
+    pending = int(info.get("num_pending", 0))
+    if pending == 0:
+        return 0, 0.0
+    oldest: tuple[int, str] | None = None
+    for subject in subjects:
+        msg = await nc.request(
+            f"$JS.API.DIRECT.GET.{stream}", json.dumps({"seq": checkpoint + 1, "next_by_subj": subject}).encode(),
+            timeout=timeout,
+        )
+        headers = msg.headers or {}
+        if Header.SEQUENCE not in headers:
+            continue
+        seq = int(headers[Header.SEQUENCE])
+        if oldest is None or seq < oldest[0]:
+            oldest = (seq, headers.get(Header.RECORDED_AT, ""))
+    lag_s = 0.0
+    if oldest is not None and oldest[1]:
+        lag_s = max(0.0, time.time() - datetime.fromisoformat(oldest[1]).timestamp())
+    return pending, lag_s
+
+
+def format_status(statuses: list[ProjectionStatus]) -> str:
+    """A plain-text table, then one paragraph per projection with an error, a rebuild or dead letters."""
+    if not statuses:
+        return "No projections in this database yet."
+    header = ("projection", "state", "version", "gen", "checkpoint", "last pos", "lag (commits)", "lag (s)", "dead")
+    rows = [header]
+    for s in statuses:
+        rows.append((
+            s.projection,
+            s.state,
+            str(s.version or "-"),
+            str(s.generation or "-"),
+            str(s.checkpoint),
+            "?" if s.last_position is None else str(s.last_position),
+            "?" if s.lag_commits is None else str(s.lag_commits),
+            "?" if s.lag_s is None else f"{s.lag_s:.1f}",
+            str(s.dead_letters),
+        ))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
+    for s in statuses:
+        if s.rebuild is not None:
+            r = s.rebuild
+            target = f"/{r.target}" if r.target else ""
+            what = "rebuilding" if r.active else "interrupted rebuild (dropped by the next rebuild)"
+            lines.append(f"{s.projection}: {what}: generation {r.generation} (version {r.version}) at "
+                         f"{r.checkpoint}{target}")
+        if s.state == "stale":
+            age = "never" if s.heartbeat_age_s is None else f"{s.heartbeat_age_s:.0f}s ago"
+            lines.append(f"{s.projection}: recorded as running by {s.owner}, but its last heartbeat was {age}: "
+                         "the daemon died? Start it again.")
+        if s.error:
+            e = s.error
+            where = (f" at position {e['position']} (event {e.get('event_type')!r} of {e.get('stream_id')}, "
+                     f"index {e.get('index')}, id {e.get('event_id')})" if "position" in e else "")
+            lines.append(f"{s.projection}: STOPPED WITH ERROR{where}: {e.get('error')}")
+            if e.get("traceback"):
+                lines.extend("    " + line for line in str(e["traceback"]).rstrip().splitlines())
+        if s.dead_letters:
+            lines.append(f"{s.projection}: {s.dead_letters} dead-lettered commit(s) in _jetsourcing_dead_letters.")
+    return "\n".join(lines)

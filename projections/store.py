@@ -1,0 +1,213 @@
+"""The read-model store interface: what the daemon and rebuilds need from a backend.
+
+A store keeps, for every projection, *generations* of its tables: the live
+one (what readers see) and at most one being built by a rebuild. Each
+generation has its own checkpoint, stored in the same backend transaction as
+the rows it covers. :class:`~projections.sqlite.SqliteStore` is the embedded
+default; a PostgreSQL store implements the same two classes (schemas or
+suffixed tables per generation, views or ``search_path`` for readers) and
+passes the same contract tests, with no change to projection code.
+
+Exactly-once effects rest on one rule every backend must keep:
+:meth:`WriteTransaction.commit` stores the rows *and* moves the checkpoint
+from the value the writer last saw to the new one, atomically, and only if
+the stored checkpoint and owner are still the writer's; otherwise it stores
+nothing and raises :class:`~projections.errors.CheckpointConflictError`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+from .tables import Row
+from .transaction import BufferedTransaction
+
+if TYPE_CHECKING:
+    from .projection import Projection
+
+__all__ = [
+    "DeadLetter",
+    "Generation",
+    "GenerationState",
+    "ReadModelStore",
+    "RunState",
+    "StoredStatus",
+    "WriteTransaction",
+    "Writer",
+]
+
+
+class GenerationState(str, Enum):
+    """Where a generation of a projection's tables is in its life."""
+
+    LIVE = "live"
+    """What readers see; the daemon keeps it up to date."""
+    BUILDING = "building"
+    """Being filled by a rebuild; invisible to readers until the switch."""
+    RETIRED = "retired"
+    """Replaced by a rebuilt generation; its tables are dropped."""
+
+
+class RunState(str, Enum):
+    """What the daemon last said about a projection (see :mod:`projections.status` for staleness)."""
+
+    NEW = "new"
+    RUNNING = "running"
+    STOPPED = "stopped"
+    ERROR = "error"
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """One generation of a projection's tables, as stored."""
+
+    projection: str
+    generation: int
+    version: int
+    state: GenerationState
+    checkpoint: int
+    definition: dict[str, Any]
+    stream: str
+    owner: str | None
+    target: int | None
+    created_at: float
+    heartbeat_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A commit the projection could not apply and skipped on purpose (``dead_letter`` policy)."""
+
+    projection: str
+    generation: int
+    position: int
+    index: int
+    stream_id: str
+    event_type: str
+    event_id: str
+    error: str
+    traceback: str
+    recorded_at: str
+    dead_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class StoredStatus:
+    """A projection's stored state: its live and building generations and the daemon's last word."""
+
+    projection: str
+    state: RunState
+    owner: str | None
+    updated_at: float
+    live: Generation | None
+    building: Generation | None
+    counters: dict[str, Any] = field(default_factory=dict)
+    error: dict[str, Any] | None = None
+    dead_letters: int = 0
+
+
+class WriteTransaction(BufferedTransaction):
+    """A handler transaction that commits together with the checkpoint."""
+
+    @abstractmethod
+    def commit(self, checkpoint: int) -> None:
+        """Store the writes, the dead letters and ``checkpoint`` atomically (see the module docs)."""
+
+    @abstractmethod
+    def rollback(self) -> None:
+        """Forget the writes; the stored read model and checkpoint are unchanged."""
+
+    @abstractmethod
+    def dead_letter(self, letter: DeadLetter) -> None:
+        """Record ``letter``; stored by :meth:`commit`, with the checkpoint that moves past it."""
+
+
+class Writer(ABC):
+    """The single writer of one generation, for one owner. Not safe for concurrent use."""
+
+    generation: Generation
+    owner: str
+    checkpoint: int
+    """The checkpoint this writer last committed (or found)."""
+
+    @abstractmethod
+    def transaction(self) -> WriteTransaction:
+        """Begin a transaction (one at a time)."""
+
+    @abstractmethod
+    def touch(self, counters: dict[str, Any] | None = None) -> bool:
+        """Record a heartbeat (and counters); False when this writer no longer owns the generation."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Forget cached rows."""
+
+
+class ReadModelStore(ABC):
+    """Generations, checkpoints, run states and dead letters of the projections in one database."""
+
+    store_id: str
+    """A stable id of this database: leases are taken per (store, projection)."""
+
+    @abstractmethod
+    def ensure_live(self, projection: "Projection", stream: str) -> Generation:
+        """The projection's live generation, created empty (checkpoint 0) on first use."""
+
+    @abstractmethod
+    def live_generation(self, name: str) -> Generation | None:
+        """The live generation of projection ``name``, or None before its first use."""
+
+    @abstractmethod
+    def claim(self, name: str, owner: str) -> Generation:
+        """Make ``owner`` the writer of the live generation (the caller holds the lease); set state running."""
+
+    @abstractmethod
+    def create_shadow(self, projection: "Projection", stream: str, owner: str, target: int) -> Generation:
+        """A new, empty generation in state building, owned by ``owner``; leftovers of failed rebuilds are dropped."""
+
+    @abstractmethod
+    def switch(self, shadow: Generation) -> bool:
+        """Atomically make ``shadow`` the live generation if its checkpoint has reached the live one's.
+
+        Returns False (changing nothing) when the live generation is further
+        ahead: catch up and try again. The old generation is dropped.
+        """
+
+    @abstractmethod
+    def discard(self, name: str, generation: int) -> None:
+        """Drop a generation that is not live."""
+
+    @abstractmethod
+    def writer(self, generation: Generation, owner: str) -> Writer:
+        """The writer of ``generation`` (which ``owner`` must own)."""
+
+    @abstractmethod
+    def set_state(
+        self,
+        name: str,
+        state: RunState,
+        *,
+        owner: str | None,
+        counters: dict[str, Any] | None = None,
+        error: dict[str, Any] | None = None,
+    ) -> None:
+        """Record the daemon's state for ``name`` (only while ``owner`` is the recorded owner, if one is)."""
+
+    @abstractmethod
+    def statuses(self) -> list[StoredStatus]:
+        """Every projection's stored state."""
+
+    @abstractmethod
+    def dead_letters(self, name: str) -> list[DeadLetter]:
+        """The dead letters of the live generation of ``name``, by position."""
+
+    @abstractmethod
+    def dump(self, name: str) -> dict[str, list[Row]]:
+        """Every row of every table of the live generation, as readers see them, sorted by key."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Close the connection."""
