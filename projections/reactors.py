@@ -160,6 +160,10 @@ class Reactor:
       so it bounds how fast a dead worker's events move on, not handler time.
     * ``start``: see :class:`Start`.
     * ``max_ack_pending``: events in flight across all workers at most.
+
+    Handlers are async and must not block the event loop (run blocking work
+    with ``asyncio.to_thread``): a blocked loop sends no heartbeats, so the
+    server hands the event to another worker after ``ack_wait_s``.
     """
 
     name: str
@@ -291,7 +295,19 @@ class ReactorWorker:
     hand are finished and acknowledged), until cancelled (handlers in hand are
     cancelled and their messages handed back at once), or, with
     ``until_idle=True``, until the reactor has nothing pending nor in flight
-    anywhere (a burst mode for tests, CI and batch jobs).
+    anywhere (a burst mode for tests, CI and batch jobs). Prefer ``stop()``:
+    an event handed back on its last delivery is dead-lettered.
+
+    ``pull_expires_s`` is how long one pull request waits for new events
+    (default 5 s, 0.25 s with ``until_idle``); ``name`` labels this worker in
+    logs.
+
+    Every running worker of a reactor also listens (as one queue group) for
+    the server's max-deliveries advisory, and dead-letters an event whose last
+    delivery ended without a verdict because its worker died. That backstop
+    needs a worker running when the advisory is sent (``ack_wait_s`` after the
+    death); with a single worker, an event it dies on during its last delivery
+    is not dead-lettered (its position is in the server's advisory only).
     """
 
     def __init__(
@@ -347,6 +363,15 @@ class ReactorWorker:
             self._handlers[type_name] = fn
         await self._ensure_consumer()
         await ensure_dead_letter_stream(self.store)
+        r = self.reactor
+        span_s = sum(r.retry_delay_s(n) for n in range(1, r.max_deliver))
+        if span_s > self.store.settings.duplicate_window_s:
+            log.warning(
+                "reactor %s: its retries span %.0f s, more than the store's duplicate window of %.0f s: a command "
+                "reissued after that with the same idempotency key and expected version ANY is stored again. "
+                "Shorten retry_backoff_s or max_deliver, or raise duplicate_window_s.",
+                r.name, span_s, self.store.settings.duplicate_window_s,
+            )
         self._ready = True
 
     async def _api(self, subject: str, body: dict[str, object] | None = None) -> dict[str, Any]:
