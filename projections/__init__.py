@@ -78,7 +78,7 @@ from .reactor_errors import (
     ReactorConsumerError,
     ReactorError,
 )
-from .reactors import Reactor, ReactorHandler, ReactorStats, ReactorWorker, Start, run_reactor
+from .reactors import Reactor, ReactorHandler, ReactorStart, ReactorStats, ReactorWorker, run_reactor
 
 __all__ += [
     "DeadLetterReason",
@@ -90,9 +90,9 @@ __all__ += [
     "ReactorDeadLetter",
     "ReactorError",
     "ReactorHandler",
+    "ReactorStart",
     "ReactorStats",
     "ReactorWorker",
-    "Start",
     "read_reactor_dead_letters",
     "run_reactor",
 ]

@@ -1,12 +1,14 @@
 """Errors of reactors, and the signal a handler raises for a poison event.
 
-Every error the reactor runner raises derives from :class:`ReactorError` and
-says what was wrong and what to do about it::
+Every error the reactor runner raises derives from :class:`ReactorError` (itself
+a :class:`~projections.errors.ProjectionError`) and says what was wrong and what
+to do about it::
 
-    ReactorError
-    ├── ReactorConfigError     a Reactor definition or worker option is invalid (also a ValueError)
-    ├── ReactorConsumerError   the server refused the reactor's durable consumer, or it vanished
-    └── DeadLetterStreamError  the dead-letter stream could not be created, checked or written
+    ProjectionError
+    └── ReactorError
+        ├── ReactorConfigError     a Reactor definition or worker option is invalid (also a ValueError)
+        ├── ReactorConsumerError   the server refused the reactor's durable consumer, or it vanished
+        └── DeadLetterStreamError  the dead-letter stream could not be created, checked or written
 
 Backend errors (nats-py exceptions, JetStream ``err_code`` values) become these
 in one place each, always with ``raise ... from exc``. A server that cannot be
@@ -18,11 +20,13 @@ reached raises :class:`eventstore.ServerUnavailableError`, as everywhere else.
 
 from __future__ import annotations
 
+from .errors import ProjectionError
+
 __all__ = ["DeadLetterStreamError", "PoisonEvent", "ReactorConfigError", "ReactorConsumerError", "ReactorError"]
 
 
-class ReactorError(Exception):
-    """Base of every error raised by the reactor runner."""
+class ReactorError(ProjectionError):
+    """Base of every error raised by the reactor runner (a :class:`ProjectionError`, the package's root)."""
 
 
 class ReactorConfigError(ReactorError, ValueError):

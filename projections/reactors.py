@@ -4,7 +4,7 @@ A read model can rebuild itself; a reactor cannot take back an email. So a
 reactor does not track a checkpoint of its own: its progress is a **durable
 JetStream pull consumer** with explicit acknowledgements, named after the
 reactor, shared by every worker that runs it. If you are here to read the
-code: :class:`Reactor` (the definition), :class:`Start`, then
+code: :class:`Reactor` (the definition), :class:`ReactorStart`, then
 :class:`ReactorWorker` (the pull loop and the verdicts), then
 :mod:`.reactor_dlq` (dead letters) and :mod:`.reactor_errors`.
 
@@ -33,9 +33,10 @@ What a reactor guarantees:
   is in progress (``+WPI``) every third of ``ack_wait_s``, so it is not handed
   to another worker; a worker that dies stops doing so, and its messages go to
   the others after ``ack_wait_s``.
-* **Start.** A new reactor starts at :meth:`Start.all`, :meth:`Start.new`, a
-  position or a time. Once its consumer exists, workers resume where it is;
-  changing ``start`` later has no effect (delete the consumer to start over).
+* **Start.** A new reactor starts at :meth:`ReactorStart.all`,
+  :meth:`ReactorStart.new`, a position or a time. Once its consumer exists,
+  workers resume where it is; changing ``start`` later has no effect (delete
+  the consumer to start over).
 
 Example::
 
@@ -71,7 +72,7 @@ from eventstore.streams import validate_category
 from .reactor_dlq import DeadLetterReason, ensure_dead_letter_stream, publish_dead_letter
 from .reactor_errors import DeadLetterStreamError, PoisonEvent, ReactorConfigError, ReactorConsumerError, ReactorError
 
-__all__ = ["Reactor", "ReactorHandler", "ReactorStats", "ReactorWorker", "Start", "run_reactor"]
+__all__ = ["Reactor", "ReactorHandler", "ReactorStart", "ReactorStats", "ReactorWorker", "run_reactor"]
 
 log = logging.getLogger("jetsourcing.reactors")
 
@@ -86,7 +87,7 @@ _CONSUMER_EXISTS = (10013, 10148)  # "consumer name already in use", "consumer a
 
 
 @dataclass(frozen=True, slots=True)
-class Start:
+class ReactorStart:
     """Where a *new* reactor begins: every stored event, new events only, a position, or a time.
 
     It applies only when the reactor's consumer is first created; after that,
@@ -98,28 +99,28 @@ class Start:
     at: datetime | None = None
 
     @classmethod
-    def all(cls) -> "Start":
+    def all(cls) -> "ReactorStart":
         """Handle every stored event of the reactor's categories, then new ones."""
         return cls("all")
 
     @classmethod
-    def new(cls) -> "Start":
+    def new(cls) -> "ReactorStart":
         """Handle only events appended after the reactor's consumer is created."""
         return cls("new")
 
     @classmethod
-    def from_position(cls, position: int) -> "Start":
+    def from_position(cls, position: int) -> "ReactorStart":
         """Handle events at ``position`` and after (positions are the store's global order, from 1)."""
         if not isinstance(position, int) or position < 1:
-            raise ReactorConfigError(f"Start.from_position needs a position >= 1, not {position!r}.")
+            raise ReactorConfigError(f"ReactorStart.from_position needs a position >= 1, not {position!r}.")
         return cls("position", position=position)
 
     @classmethod
-    def from_time(cls, when: datetime) -> "Start":
+    def from_time(cls, when: datetime) -> "ReactorStart":
         """Handle events stored at ``when`` or later (``when`` must be timezone-aware; the server's clock decides)."""
         if not isinstance(when, datetime) or when.tzinfo is None:
             raise ReactorConfigError(
-                f"Start.from_time needs a timezone-aware datetime, e.g. datetime.now(timezone.utc), not {when!r}."
+                f"ReactorStart.from_time needs a timezone-aware datetime, e.g. datetime.now(timezone.utc), not {when!r}."
             )
         return cls("time", at=when)
 
@@ -158,7 +159,7 @@ class Reactor:
     * ``ack_wait_s``: how long the server waits for a verdict before it hands
       the event to another worker; heartbeats extend it while a handler runs,
       so it bounds how fast a dead worker's events move on, not handler time.
-    * ``start``: see :class:`Start`.
+    * ``start``: see :class:`ReactorStart`.
     * ``max_ack_pending``: events in flight across all workers at most.
 
     Handlers are async and must not block the event loop (run blocking work
@@ -173,7 +174,7 @@ class Reactor:
     max_deliver: int = 5
     retry_backoff_s: Sequence[float] = (1.0, 5.0, 30.0)
     ack_wait_s: float = 30.0
-    start: Start = field(default_factory=Start.all)
+    start: ReactorStart = field(default_factory=ReactorStart.all)
     max_ack_pending: int = 1000
     description: str = ""
 
@@ -350,7 +351,7 @@ class ReactorWorker:
     async def setup(self) -> None:
         """Create (or bring in line) the reactor's consumer and the dead-letter stream. Idempotent; ``run()`` calls it.
 
-        Call it ahead of ``run()`` to fix where a :meth:`Start.new` reactor
+        Call it ahead of ``run()`` to fix where a :meth:`ReactorStart.new` reactor
         starts, e.g. at deploy time.
         """
         registry = self.store.registry

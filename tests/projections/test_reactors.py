@@ -20,12 +20,12 @@ from pydantic import BaseModel
 from eventstore import NO_STREAM, EmbeddedServer, EventStore, EventStoreSettings, RecordedEvent, StreamId
 from projections import (
     DeadLetterReason,
-    ReactorHandler,
     PoisonEvent,
     Reactor,
     ReactorConfigError,
+    ReactorHandler,
+    ReactorStart,
     ReactorWorker,
-    Start,
     read_reactor_dead_letters,
     run_reactor,
 )
@@ -330,20 +330,20 @@ async def test_start_positions_all_new_from_position_and_from_time(store: EventS
 
     got: dict[str, list[int]] = {}
 
-    def reactor(name: str, start: Start) -> Reactor:
+    def reactor(name: str, start: ReactorStart) -> Reactor:
         async def handle(event: RecordedEvent) -> None:
             got.setdefault(name, []).append(event.data.n)  # type: ignore[attr-defined]
 
         return Reactor(name, handler=handle, start=start, ack_wait_s=2)
 
-    await ReactorWorker(store, reactor("new", Start.new())).setup()  # "new" counts from here
+    await ReactorWorker(store, reactor("new", ReactorStart.new())).setup()  # "new" counts from here
     positions += await append_numbered(store, range(6, 8))  # 6, 7
 
     reactors = [
-        reactor("all", Start.all()),
-        reactor("new", Start.new()),
-        reactor("from-position", Start.from_position(positions[3])),
-        reactor("from-time", Start.from_time(since)),
+        reactor("all", ReactorStart.all()),
+        reactor("new", ReactorStart.new()),
+        reactor("from-position", ReactorStart.from_position(positions[3])),
+        reactor("from-time", ReactorStart.from_time(since)),
     ]
     await asyncio.wait_for(asyncio.gather(*(run_reactor(store, r, until_idle=True) for r in reactors)), 15)
     assert {k: sorted(v) for k, v in got.items()} == {
@@ -356,7 +356,7 @@ async def test_start_positions_all_new_from_position_and_from_time(store: EventS
     # An existing reactor resumes where it is; a changed start does not rewind it.
     got.clear()
     await append_numbered(store, range(8, 9))
-    await asyncio.wait_for(run_reactor(store, reactor("all", Start.from_position(1)), until_idle=True), 10)
+    await asyncio.wait_for(run_reactor(store, reactor("all", ReactorStart.from_position(1)), until_idle=True), 10)
     assert got == {"all": [8]}
 
 
@@ -481,9 +481,9 @@ def test_invalid_reactor_definitions_name_the_field(kwargs: dict[str, object], m
 
 def test_start_and_retry_schedule() -> None:
     with pytest.raises(ReactorConfigError, match="timezone-aware"):
-        Start.from_time(datetime(2026, 1, 1))
+        ReactorStart.from_time(datetime(2026, 1, 1))
     with pytest.raises(ReactorConfigError, match=">= 1"):
-        Start.from_position(0)
+        ReactorStart.from_position(0)
     reactor = Reactor("r", handler=_noop, retry_backoff_s=[1, 5])
     assert [reactor.retry_delay_s(n) for n in (1, 2, 3, 9)] == [1.0, 5.0, 5.0, 5.0]
     event = RecordedEvent(1, 0, StreamId("A", "1"), 1, "T", 1, "abc", b"{}", "")
