@@ -36,7 +36,7 @@ from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel
 
-from eventstore import RecordedEvent, TypeRegistry
+from eventstore import RecordedEvent, TypeRegistry, UnknownEventTypeError
 from eventstore.streams import validate_category
 
 from .errors import ProjectionDefinitionError
@@ -164,7 +164,10 @@ class Projection:
         """
         for event_type in self._handles:
             if not isinstance(event_type, str):
-                registry.register(event_type)
+                try:
+                    registry.name_of(event_type)  # already registered, maybe under a custom name: keep it
+                except UnknownEventTypeError:
+                    registry.register(event_type)
 
     def bind(self, registry: TypeRegistry | None) -> None:
         """Resolve handlers to stored type names (registering event classes in ``registry``).

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from eventstore import EventStore, EventStoreSettings
@@ -87,3 +87,22 @@ def cli_env(settings: ProjectionSettings) -> dict[str, str]:
 def spawn(settings: ProjectionSettings, *args: str, **kwargs: object) -> subprocess.Popen[bytes]:
     """Start the CLI in a subprocess (caller waits or kills it)."""
     return subprocess.Popen(cli(*args), env=cli_env(settings), cwd=ROOT, **kwargs)  # type: ignore[call-overload]
+
+
+def checkpoint(settings: ProjectionSettings, name: str) -> int:
+    """The live generation's checkpoint of projection ``name`` (0 before its first run)."""
+    with SqliteStore(settings.database) as store:
+        live = store.live_generation(name)
+        return live.checkpoint if live else 0
+
+
+async def wait_until(condition: Callable[[], object], timeout_s: float = 20.0, what: str = "condition") -> None:
+    """Poll ``condition`` every 20 ms until it is true; fail after ``timeout_s``."""
+    import asyncio
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        await asyncio.sleep(0.02)

@@ -1,0 +1,251 @@
+"""One contract suite for the handler API (:class:`Transaction`), run against every backend.
+
+A PostgreSQL store would join the ``backend`` fixture's parameters and pass the same tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+import pytest
+
+from projections import MemoryStore, RowError, SqliteStore, Table
+from projections.errors import CheckpointConflictError
+from projections.projection import Projection
+from projections.store import Writer
+from projections.transaction import BufferedTransaction
+
+
+class Example(Projection):
+    name = "contract"
+    tables = (
+        Table("people", key="id", columns={"id": str, "name": str, "age": int | None, "score": float | None,
+                                           "active": bool | None, "photo": bytes | None}),
+        Table("pairs", key=("a", "b"), columns={"a": str, "b": int, "weight": float}),
+    )
+
+
+class Backend(Protocol):
+    def begin(self) -> BufferedTransaction: ...
+    def commit(self, tx: BufferedTransaction) -> None: ...
+    def rollback(self, tx: BufferedTransaction) -> None: ...
+    def committed(self, table: str, key: Any) -> dict[str, Any] | None: ...
+    def restart(self) -> None: ...
+
+
+class MemoryBackend:
+    def __init__(self) -> None:
+        self.store = MemoryStore.for_projection(Example())
+
+    def begin(self) -> BufferedTransaction:
+        return self.store.transaction()
+
+    def commit(self, tx: BufferedTransaction) -> None:
+        tx.commit()  # type: ignore[attr-defined]
+
+    def rollback(self, tx: BufferedTransaction) -> None:
+        tx.rollback()  # type: ignore[attr-defined]
+
+    def committed(self, table: str, key: Any) -> dict[str, Any] | None:
+        return self.store.get(table, key)
+
+    def restart(self) -> None:
+        pass
+
+
+class SqliteBackend:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.store = SqliteStore(path)
+        self.store.ensure_live(Example(), "S")
+        self.store.claim("contract", "me")
+        self.writer: Writer = self.store.writer(self.store.claim("contract", "me"), "me")
+        self.position = 0
+
+    def begin(self) -> BufferedTransaction:
+        return self.writer.transaction()
+
+    def commit(self, tx: BufferedTransaction) -> None:
+        self.position += 1
+        tx.commit(self.position)  # type: ignore[call-arg]
+
+    def rollback(self, tx: BufferedTransaction) -> None:
+        tx.rollback()  # type: ignore[attr-defined]
+
+    def committed(self, table: str, key: Any) -> dict[str, Any] | None:
+        with SqliteStore(self.path) as reader:  # another connection: what readers see
+            rows = reader.dump("contract")[table]
+        spec = Example.tables[0] if table == "people" else Example.tables[1]
+        return next((r for r in rows if spec.key_of(r) == key), None)
+
+    def restart(self) -> None:
+        """Forget every cached row: reads must come from the file."""
+        self.store.close()
+        self.store = SqliteStore(self.path)
+        self.writer = self.store.writer(self.store.claim("contract", "me"), "me")
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
+    if request.param == "memory":
+        yield MemoryBackend()
+    else:
+        b = SqliteBackend(tmp_path / "contract.sqlite3")
+        yield b
+        b.store.close()
+
+
+ALICE = {"name": "Alice", "age": 30, "score": 1.5, "active": True, "photo": b"\x00\x01"}
+
+
+def test_upsert_then_get_sees_own_writes_and_commit_publishes(backend: Backend) -> None:
+    tx = backend.begin()
+    assert tx.get("people", "a") is None
+    tx.upsert("people", "a", ALICE)
+    assert tx.get("people", "a") == {"id": "a", **ALICE}
+    assert backend.committed("people", "a") is None
+    backend.commit(tx)
+    assert backend.committed("people", "a") == {"id": "a", **ALICE}
+    backend.restart()
+    assert backend.begin().get("people", "a") == {"id": "a", **ALICE}
+
+
+def test_get_returns_a_copy(backend: Backend) -> None:
+    tx = backend.begin()
+    tx.upsert("people", "a", ALICE)
+    row = tx.get("people", "a")
+    assert row is not None
+    row["name"] = "changed"
+    assert tx.get("people", "a")["name"] == "Alice"  # type: ignore[index]
+    backend.commit(tx)
+    tx = backend.begin()
+    row = tx.get("people", "a")
+    row["name"] = "changed again"  # type: ignore[index]
+    backend.commit(tx)
+    assert backend.committed("people", "a")["name"] == "Alice"  # type: ignore[index]
+
+
+def test_upsert_replaces_the_whole_row_and_missing_nullable_columns_are_none(backend: Backend) -> None:
+    tx = backend.begin()
+    tx.upsert("people", "a", ALICE)
+    backend.commit(tx)
+    tx = backend.begin()
+    tx.upsert("people", "a", {"name": "Alice B."})
+    backend.commit(tx)
+    assert backend.committed("people", "a") == {
+        "id": "a", "name": "Alice B.", "age": None, "score": None, "active": None, "photo": None,
+    }
+
+
+def test_delete_and_delete_of_missing_row(backend: Backend) -> None:
+    tx = backend.begin()
+    tx.upsert("people", "a", ALICE)
+    tx.delete("people", "zzz")
+    backend.commit(tx)
+    tx = backend.begin()
+    tx.delete("people", "a")
+    assert tx.get("people", "a") is None
+    tx.upsert("people", "b", {"name": "Bob"})
+    backend.commit(tx)
+    assert backend.committed("people", "a") is None
+    assert backend.committed("people", "b") is not None
+    backend.restart()
+    tx = backend.begin()
+    assert tx.get("people", "a") is None
+    tx.upsert("people", "a", {"name": "Alice again"})
+    backend.commit(tx)
+    assert backend.committed("people", "a")["name"] == "Alice again"  # type: ignore[index]
+
+
+def test_rollback_leaves_no_trace(backend: Backend) -> None:
+    tx = backend.begin()
+    tx.upsert("people", "a", ALICE)
+    backend.commit(tx)
+    tx = backend.begin()
+    tx.upsert("people", "a", {"name": "Mallory"})
+    tx.upsert("people", "m", {"name": "Mallory"})
+    tx.delete("people", "a")
+    backend.rollback(tx)
+    assert backend.committed("people", "m") is None
+    assert backend.committed("people", "a") == {"id": "a", **ALICE}
+    tx = backend.begin()
+    assert tx.get("people", "a") == {"id": "a", **ALICE}
+    assert tx.get("people", "m") is None
+
+
+def test_composite_keys(backend: Backend) -> None:
+    tx = backend.begin()
+    tx.upsert("pairs", ("x", 1), {"weight": 2})
+    tx.upsert("pairs", ("x", 2), {"a": "x", "b": 2, "weight": 3.5})
+    backend.commit(tx)
+    assert backend.committed("pairs", ("x", 1)) == {"a": "x", "b": 1, "weight": 2.0}
+    assert isinstance(backend.committed("pairs", ("x", 1))["weight"], float)  # type: ignore[index]
+    backend.restart()
+    tx = backend.begin()
+    assert tx.get("pairs", ("x", 2)) == {"a": "x", "b": 2, "weight": 3.5}
+    tx.delete("pairs", ("x", 1))
+    backend.commit(tx)
+    assert backend.committed("pairs", ("x", 1)) is None
+
+
+@pytest.mark.parametrize(
+    ("table", "key", "row", "message"),
+    [
+        ("nope", "a", {"name": "x"}, "Unknown table"),
+        ("people", "a", {"name": "x", "nick": "y"}, "no column 'nick'"),
+        ("people", "a", {"age": 3}, "not nullable"),
+        ("people", "a", {"name": 5}, "is str"),
+        ("people", "a", {"name": "x", "age": True}, "is int"),
+        ("people", "a", {"name": "x", "age": 1.5}, "is int"),
+        ("people", "a", {"name": "x", "age": 2**63}, "64 bits"),
+        ("people", "a", {"name": "x", "active": 1}, "is bool"),
+        ("people", "a", {"id": "b", "name": "x"}, "key says"),
+        ("people", 7, {"name": "x"}, "must be str"),
+        ("people", ("a",), {"name": "x"}, "must be str"),
+        ("pairs", "x", {"weight": 1.0}, "tuple"),
+        ("pairs", ("x", "1"), {"weight": 1.0}, "must be int"),
+    ],
+)
+def test_rows_that_do_not_fit_the_declaration_are_refused_the_same_way(
+    backend: Backend, table: str, key: Any, row: dict[str, Any], message: str
+) -> None:
+    tx = backend.begin()
+    with pytest.raises(RowError, match=message):
+        tx.upsert(table, key, row)
+
+
+def test_sqlite_checkpoint_is_a_compare_and_set(tmp_path: Path) -> None:
+    b = SqliteBackend(tmp_path / "cas.sqlite3")
+    tx = b.begin()
+    tx.upsert("people", "a", ALICE)
+    b.commit(tx)
+    # Another owner claims the projection (e.g. after our lease expired): our next commit must change nothing.
+    with SqliteStore(b.path) as other:
+        other.claim("contract", "someone-else")
+    tx = b.begin()
+    tx.upsert("people", "b", {"name": "Bob"})
+    with pytest.raises(CheckpointConflictError):
+        tx.commit(2)  # type: ignore[call-arg]
+    assert b.committed("people", "b") is None
+    b.store.close()
+
+
+def test_sqlite_raw_sql_escape_hatch_runs_in_the_batch_transaction(tmp_path: Path) -> None:
+    b = SqliteBackend(tmp_path / "raw.sqlite3")
+    tx = b.begin()
+    tx.upsert("people", "a", ALICE)
+    rows = tx.execute("SELECT count(*) FROM {people}")  # type: ignore[attr-defined]
+    assert rows == [(1,)]  # pending writes are flushed first
+    tx.execute("UPDATE {people} SET age = age + 1 WHERE id = ?", ("a",))  # type: ignore[attr-defined]
+    assert tx.get("people", "a")["age"] == 31  # type: ignore[index]
+    b.rollback(tx)
+    assert b.committed("people", "a") is None
+    tx = b.begin()
+    tx.upsert("people", "a", ALICE)
+    tx.execute("UPDATE {people} SET age = 99")  # type: ignore[attr-defined]
+    b.commit(tx)
+    assert b.committed("people", "a")["age"] == 99  # type: ignore[index]
+    assert b.begin().get("people", "a")["age"] == 99  # type: ignore[index]
+    b.store.close()
