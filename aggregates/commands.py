@@ -18,11 +18,14 @@ class RetryPolicy:
     A command is saved at most ``attempts`` times. Before retry ``n`` (0-based)
     it waits a random time between 0 and ``min(max_delay_s, base_delay_s * 2**n)``
     ("full jitter"), so competing writers spread out instead of colliding again.
+    The defaults suit a hot aggregate written by several processes at once
+    (where a writer can lose dozens of times in a row); they give up after
+    about five seconds of waiting.
     """
 
-    attempts: int = 20
-    base_delay_s: float = 0.001
-    max_delay_s: float = 0.1
+    attempts: int = 50
+    base_delay_s: float = 0.002
+    max_delay_s: float = 0.2
 
     def __post_init__(self) -> None:
         if self.attempts < 1 or self.base_delay_s < 0 or self.max_delay_s < 0:

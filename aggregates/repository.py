@@ -37,6 +37,12 @@ A = TypeVar("A", bound=Aggregate[Any])
 R = TypeVar("R")
 
 
+class _CountedLock(asyncio.Lock):
+    """A lock that knows how many tasks hold or wait for it, so idle ones can be dropped."""
+
+    users = 0
+
+
 class Repository(Generic[A]):
     """Loads and saves one aggregate type through an :class:`~eventstore.EventStore`.
 
@@ -71,6 +77,7 @@ class Repository(Generic[A]):
         self.retry = retry
         self.cache_size = cache_size
         self._cache: OrderedDict[str, A] = OrderedDict()
+        self._locks: dict[str, _CountedLock] = {}
         self._registered: set[type[Aggregate[Any]]] = set()
         self._register(aggregate_type)
         self._snapshots = (
@@ -267,6 +274,29 @@ class Repository(Generic[A]):
         """
         stream_id = self.aggregate_type._stream_id(aggregate_id)
         causation_id = causation_id or command_id
+        lock = self._locks.get(aggregate_id)
+        if lock is None:
+            lock = self._locks[aggregate_id] = _CountedLock()
+        lock.users += 1
+        try:
+            # Commands on one aggregate in this process take turns instead of racing to conflicts.
+            async with lock:
+                return await self._execute(stream_id, aggregate_id, command, create, command_id, correlation_id, causation_id)
+        finally:
+            lock.users -= 1
+            if not lock.users:
+                del self._locks[aggregate_id]
+
+    async def _execute(
+        self,
+        stream_id: StreamId,
+        aggregate_id: str,
+        command: Callable[[A], R | Awaitable[R]],
+        create: bool,
+        command_id: str | None,
+        correlation_id: str | None,
+        causation_id: str | None,
+    ) -> CommandResult[R]:
         conflicts = 0
         refresh = False
         next_copy: tuple[A, bool] | None = None
@@ -275,13 +305,13 @@ class Repository(Generic[A]):
             next_copy = None
             ran_at = aggregate.version
             value: R | None = None
+            error: Exception | None = None
             try:
                 outcome = command(aggregate)
                 value = cast(R, await outcome if inspect.isawaitable(outcome) else outcome)
-                failed = False
-            except Exception:
-                failed = True
-            if failed or not aggregate._pending:
+            except Exception as exc:
+                error = exc
+            if error is not None or not aggregate._pending:
                 if not checked:
                     # A refusal or a no-op must not rest on a stale cached copy: rerun if the store moved on.
                     fresh = await self._checkout(aggregate_id, create=create, refresh=True)
@@ -291,8 +321,8 @@ class Repository(Generic[A]):
                 found = await self._find_command(stream_id, command_id) if command_id else None
                 if found is not None:
                     return CommandResult(None, found[0], found[1], True)
-                if failed:
-                    raise
+                if error is not None:
+                    raise error
                 return CommandResult(value, aggregate.version, aggregate.position)
             request, before = self._append_request(aggregate)
             try:
