@@ -466,7 +466,10 @@ class ReactorWorker:
     # -- running --------------------------------------------------------------
 
     def stop(self) -> None:
-        """Ask ``run()`` to return: it takes no new messages and finishes (and acknowledges) the ones in hand."""
+        """Ask ``run()`` to return: it takes no new messages and finishes (and acknowledges) the ones in hand.
+
+        A stopped worker stays stopped: ``run()`` called after ``stop()`` returns at once.
+        """
         self._stopping = True
         self._wake.set()
 
@@ -481,7 +484,6 @@ class ReactorWorker:
             await self.setup()
         nc = self.store.nc
         self._inbox = nc.new_inbox()
-        self._stopping = False
         # A backstop for the last delivery of an event whose worker died: the server's advisory, which one
         # running worker of the reactor (a queue group) turns into a dead letter.
         advisories: Subscription | None = await nc.subscribe(

@@ -330,11 +330,11 @@ async def test_start_positions_all_new_from_position_and_from_time(store: EventS
 
     got: dict[str, list[int]] = {}
 
-    def reactor(name: str, start: ReactorStart) -> Reactor:
+    def reactor(name: str, start: ReactorStart, max_deliver: int = 5) -> Reactor:
         async def handle(event: RecordedEvent) -> None:
             got.setdefault(name, []).append(event.data.n)  # type: ignore[attr-defined]
 
-        return Reactor(name, handler=handle, start=start, ack_wait_s=2)
+        return Reactor(name, handler=handle, start=start, ack_wait_s=2, max_deliver=max_deliver)
 
     await ReactorWorker(store, reactor("new", ReactorStart.new())).setup()  # "new" counts from here
     positions += await append_numbered(store, range(6, 8))  # 6, 7
@@ -353,11 +353,15 @@ async def test_start_positions_all_new_from_position_and_from_time(store: EventS
         "from-time": [4, 5, 6, 7],
     }
 
-    # An existing reactor resumes where it is; a changed start does not rewind it.
+    # An existing reactor resumes where it is: a changed start does not rewind it, changed retry settings apply.
     got.clear()
     await append_numbered(store, range(8, 9))
-    await asyncio.wait_for(run_reactor(store, reactor("all", ReactorStart.from_position(1)), until_idle=True), 10)
+    changed = reactor("all", ReactorStart.from_position(1), max_deliver=7)
+    await asyncio.wait_for(run_reactor(store, changed, until_idle=True), 10)
     assert got == {"all": [8]}
+    config = (await consumer_info(store, "all"))["config"]
+    assert isinstance(config, dict)
+    assert (config["deliver_policy"], config["max_deliver"]) == ("all", 7)
 
 
 # -- idempotent effects -----------------------------------------------------------------
