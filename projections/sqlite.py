@@ -328,16 +328,17 @@ class SqliteStore(ReadModelStore):
 
     def create_shadow(self, projection: Projection, stream: str, owner: str, target: int) -> Generation:
         with self._write():
+            # Generation numbers only grow, even past abandoned ones (dropped here), so each names one build.
+            top = self.conn.execute(
+                "SELECT max(generation) FROM _jetsourcing_generations WHERE projection = ?", (projection.name,)
+            ).fetchone()[0]
+            generation = (top or 0) + 1
             for row in self.conn.execute(
                 f"SELECT {_GEN_COLUMNS} FROM _jetsourcing_generations WHERE projection = ? AND state != 'live'",
                 (projection.name,),
             ).fetchall():
                 self._drop_generation_tables(projection.name, _generation(row))
             self._check_table_names(projection)
-            top = self.conn.execute(
-                "SELECT max(generation) FROM _jetsourcing_generations WHERE projection = ?", (projection.name,)
-            ).fetchone()[0]
-            generation = (top or 0) + 1
             now = time.time()
             self._create_generation_tables(projection.tables, generation)
             self.conn.execute(

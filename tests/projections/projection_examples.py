@@ -215,3 +215,31 @@ async def append_workload(
                 await store.append(StreamId(ACCOUNT, account), events)
 
     await asyncio.gather(*(one(a) for a in order))
+
+
+class AccountBalancesV2(AccountBalances):
+    """Version 2 of account_balances: deposits of 500 or more count twice (a changed rule: must be rebuilt)."""
+
+    version = 2
+
+    @handles(Deposited)
+    def deposited(self, event: RecordedEvent, tx: Transaction) -> None:
+        super().deposited(event, tx)
+        data = event.data
+        assert isinstance(data, Deposited)
+        if data.amount >= 500:
+            row = tx.get("balances", event.stream_id.entity_id)
+            if row is not None:
+                row["deposits"] += 1
+                tx.upsert("balances", event.stream_id.entity_id, row)
+
+
+class SlowBalances(AccountBalancesV2):
+    """AccountBalancesV2 that takes 2 ms per deposit: a rebuild slow enough to be interrupted by a test."""
+
+    @handles(Deposited)
+    def deposited(self, event: RecordedEvent, tx: Transaction) -> None:
+        import time
+
+        time.sleep(0.002)
+        super().deposited(event, tx)

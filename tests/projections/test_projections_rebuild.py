@@ -1,0 +1,178 @@
+"""Rebuild by replay into a shadow generation, switched atomically; version bumps; failed and killed rebuilds."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from eventstore import EventStore, StreamId
+from projections import Daemon, Outcome, ProjectionSettings, RebuildError, SqliteStore, Table, read_status, rebuild
+from projections.projection import handles
+
+from projection_examples import (
+    ACCOUNT,
+    AccountBalances,
+    AccountBalancesV2,
+    Deposited,
+    RecordedEvent,
+    Transaction,
+    append_workload,
+    workload,
+)
+from projection_helpers import burst, checkpoint, clean_rebuild, dump, memory_fold, spawn, wait_until
+
+
+def tables_in(path: Path) -> set[str]:
+    with sqlite3.connect(path) as conn:
+        return {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+
+
+def count_rows(path: Path) -> int:
+    with sqlite3.connect(path) as conn:
+        return int(conn.execute("SELECT count(*) FROM balances").fetchone()[0])
+
+
+async def test_rebuild_while_writers_append_switches_to_a_caught_up_model(
+    es: EventStore, psettings: ProjectionSettings, tmp_path: Path
+) -> None:
+    await append_workload(es, workload(6000, accounts=600))
+    daemon = Daemon([AccountBalances()], psettings, event_store=es)
+    running = asyncio.create_task(daemon.run())
+    last = await es.last_position()
+    await wait_until(lambda: checkpoint(psettings, "account_balances") == last, 30, "catch-up")
+
+    writing = asyncio.create_task(append_workload(es, workload(3000, accounts=900, seed=11), concurrency=4))
+    log = open(tmp_path / "rebuild.log", "w+b")
+    proc = spawn(psettings, "rebuild", "projection_examples:AccountBalances", "--batch-size", "500", stderr=log)
+    # While the rebuild runs, readers keep querying the live model, which keeps moving.
+    seen = []
+    while proc.poll() is None:
+        seen.append((count_rows(psettings.database), checkpoint(psettings, "account_balances")))
+        await asyncio.sleep(0.05)
+    log.seek(0)
+    output = log.read().decode()
+    assert proc.returncode == 0, output
+    assert "replaying positions" in output and "(finished)" in output and "events/s" in output  # progress as log lines
+    assert len({cp for _, cp in seen}) > 1, "the live model was not updated during the rebuild"
+
+    await writing
+    last = await es.last_position()
+    await wait_until(lambda: checkpoint(psettings, "account_balances") == last, 30, "the daemon to follow gen 2")
+    daemon.stop()
+    assert await running == {"account_balances": Outcome.STOPPED}
+
+    [status] = await read_status(psettings, event_store=es)
+    assert status.generation == 2 and status.rebuild is None
+    assert status.counters["conflicts"] >= 1  # the daemon noticed the switch and reloaded
+    assert not any(t.endswith("__g1") for t in tables_in(psettings.database))  # old generation dropped
+    assert dump(psettings, "account_balances") == await clean_rebuild(AccountBalances(), psettings, es, tmp_path)
+
+
+async def test_failed_rebuild_leaves_the_old_model_in_place(es: EventStore, psettings: ProjectionSettings) -> None:
+    await append_workload(es, workload(1000, accounts=100))
+    await burst([AccountBalances()], psettings, es)
+    before = dump(psettings, "account_balances")
+    failing_at = (await es.last_position()) // 2
+
+    class Broken(AccountBalancesV2):
+        @handles(Deposited)
+        def deposited(self, event: RecordedEvent, tx: Transaction) -> None:
+            if event.position >= failing_at:
+                raise RuntimeError("bug in the new version")
+            super().deposited(event, tx)
+
+    with pytest.raises(RebuildError, match="bug in the new version"):
+        await rebuild(Broken(), psettings, event_store=es)
+    assert dump(psettings, "account_balances") == before
+    assert not any(t.endswith("__g2") for t in tables_in(psettings.database))
+    [status] = await read_status(psettings, event_store=es)
+    assert status.generation == 1 and status.version == 1 and status.rebuild is None
+
+
+async def test_killed_rebuild_leaves_the_old_model_and_the_next_rebuild_succeeds(
+    es: EventStore, psettings: ProjectionSettings
+) -> None:
+    await append_workload(es, workload(1500, accounts=100))
+    await burst([AccountBalances()], psettings, es)
+    before = dump(psettings, "account_balances")
+    proc = spawn(psettings, "rebuild", "projection_examples:SlowBalances", "--batch-size", "50",
+                 stderr=subprocess.DEVNULL)
+
+    def building() -> int:
+        with SqliteStore(psettings.database) as store:
+            [s] = store.statuses()
+            return s.building.checkpoint if s.building else 0
+
+    await wait_until(lambda: building() > 0, 20, "the rebuild to make progress")
+    [status] = await read_status(psettings, event_store=es)
+    assert status.state == "rebuilding" and status.rebuild is not None and status.rebuild.active
+    proc.kill()
+    proc.wait()
+    assert dump(psettings, "account_balances") == before
+    await wait_until(lambda: building() > 0, 1, "the abandoned generation to still be there")
+    await asyncio.sleep(psettings.stale_after_s)
+    [status] = await read_status(psettings, event_store=es)
+    assert status.rebuild is not None and not status.rebuild.active and status.state == "stopped"
+
+    result = await rebuild(AccountBalancesV2(), psettings, event_store=es)
+    assert result.generation == 3
+    assert dump(psettings, "account_balances") == await memory_fold(AccountBalancesV2(), es)
+    assert {t for t in tables_in(psettings.database) if "__g" in t} == {"balances__g3", "closures__g3"}
+
+
+async def test_version_bump_rebuilds_on_start_and_other_mismatches_are_refused(
+    es: EventStore, psettings: ProjectionSettings
+) -> None:
+    await append_workload(es, workload(800, accounts=80))
+    await burst([AccountBalances()], psettings, es)
+    assert dump(psettings, "account_balances") != await memory_fold(AccountBalancesV2(), es)
+
+    await burst([AccountBalancesV2()], psettings, es)  # auto_rebuild: replays into generation 2 and switches
+    [status] = await read_status(psettings, event_store=es)
+    assert (status.version, status.generation) == (2, 2)
+    assert dump(psettings, "account_balances") == await memory_fold(AccountBalancesV2(), es)
+
+    # Older code never downgrades a read model.
+    outcomes = await Daemon([AccountBalances()], psettings, event_store=es).run(until_caught_up=True)
+    assert outcomes == {"account_balances": Outcome.ERROR}
+    [status] = await read_status(psettings, event_store=es)
+    assert status.state == "error" and "newer than this code" in str(status.error)
+
+    # Changed tables without a version bump are refused.
+    class Changed(AccountBalancesV2):
+        tables = (*AccountBalancesV2.tables[:1], Table("closures", key="account_id", columns={"account_id": str}))
+
+    outcomes = await Daemon([Changed()], psettings, event_store=es).run(until_caught_up=True)
+    assert outcomes == {"account_balances": Outcome.ERROR}
+    [status] = await read_status(psettings, event_store=es)
+    assert "Bump `version`" in str(status.error)
+
+    # Without auto_rebuild a bump is reported, not acted upon.
+    class V3(AccountBalancesV2):
+        version = 3
+
+    manual = psettings.model_copy(update={"auto_rebuild": False})
+    outcomes = await Daemon([V3()], manual, event_store=es).run(until_caught_up=True)
+    assert outcomes == {"account_balances": Outcome.ERROR}
+    [status] = await read_status(psettings, event_store=es)
+    assert status.version == 2 and "jetsourcing rebuild" in str(status.error)
+
+
+async def test_two_rebuilds_at_once_are_refused(es: EventStore, psettings: ProjectionSettings) -> None:
+    await es.append(StreamId(ACCOUNT, "x"), [Deposited(amount=1)])
+    proc = spawn(psettings, "rebuild", "projection_examples:SlowBalances", stderr=subprocess.DEVNULL)
+    try:
+        def started() -> bool:
+            with SqliteStore(psettings.database) as store:
+                return any(s.building for s in store.statuses())
+
+        await wait_until(started, 20, "the first rebuild to start")
+        with pytest.raises(RebuildError, match="already running"):
+            await rebuild(AccountBalancesV2(), psettings, event_store=es)
+    finally:
+        proc.kill()
+        proc.wait()
