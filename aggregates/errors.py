@@ -91,7 +91,7 @@ class UnregisteredEventError(AggregateError, UnknownEventTypeError):
         self.position = position
         super().__init__(
             f"Cannot load {aggregate} {aggregate_id!r}: the event at position {position} has type "
-            f"{event_type!r}, which is not registered. {reason}"
+            f"{event_type!r}, which this program cannot read: {reason}"
         )
 
 

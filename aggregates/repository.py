@@ -27,7 +27,7 @@ from .aggregate import Aggregate
 from .commands import CommandResult, RetryPolicy
 from .errors import AggregateNotFoundError
 from .events import register_events
-from .snapshots import SnapshotStore
+from .snapshots import Snapshot, SnapshotStore
 
 __all__ = ["Repository"]
 
@@ -128,21 +128,14 @@ class Repository(Generic[A]):
         snapshots = self._snapshots
         if snapshots is not None:
             snapshot = await snapshots.get(aggregate_id)
-            if snapshot is not None:
-                tail = await self.store.read(
-                    aggregate.stream_id, from_version=snapshot.version + 1, from_position=snapshot.position + 1
-                )
-                if not tail or tail[0].version == snapshot.version + 1:
-                    aggregate.state, aggregate.version, aggregate.position = snapshot.state, snapshot.version, snapshot.position
-                    aggregate._replay(tail)
-                    self.store.remember(aggregate.stream_id, aggregate.version, aggregate.position)
-                    if len(tail) >= snapshots.every:
-                        await snapshots.put(aggregate_id, aggregate.version, aggregate.position, aggregate.state)
-                    return aggregate
-                log.warning(
-                    "The snapshot of %r at version %d does not line up with its events; replaying all events.",
-                    aggregate.stream_id, snapshot.version,
-                )
+            tail = await self._events_after(aggregate.stream_id, snapshot) if snapshot is not None else None
+            if snapshot is not None and tail is not None:
+                aggregate.state, aggregate.version, aggregate.position = snapshot.state, snapshot.version, snapshot.position
+                aggregate._replay(tail)
+                self.store.remember(aggregate.stream_id, aggregate.version, aggregate.position)
+                if len(tail) >= snapshots.every:
+                    await snapshots.put(aggregate_id, aggregate.version, aggregate.position, aggregate.state)
+                return aggregate
         aggregate._replay(await self.store.read(aggregate.stream_id))
         if snapshots is not None and aggregate.version >= snapshots.every:
             # No usable snapshot, yet enough events for one: write it so the next load is short.
@@ -152,21 +145,14 @@ class Repository(Generic[A]):
     async def _load_at(self, aggregate_id: str, version: int) -> A:
         aggregate = self.aggregate_type(aggregate_id)
         snapshot = await self._snapshots.get(aggregate_id) if self._snapshots is not None else None
-        events: list[RecordedEvent] = []
+        tail = None
         if snapshot is not None and snapshot.version <= version:
-            events = await self.store.read(
-                aggregate.stream_id,
-                from_version=snapshot.version + 1,
-                to_version=version,
-                from_position=snapshot.position + 1,
-            )
-            if not events or events[0].version == snapshot.version + 1:
-                aggregate.state, aggregate.version, aggregate.position = snapshot.state, snapshot.version, snapshot.position
-            else:
-                snapshot = None
-        if snapshot is None:
-            events = await self.store.read(aggregate.stream_id, to_version=version)
-        aggregate._replay(events)
+            tail = await self._events_after(aggregate.stream_id, snapshot, to_version=version)
+        if snapshot is not None and tail is not None:
+            aggregate.state, aggregate.version, aggregate.position = snapshot.state, snapshot.version, snapshot.position
+            aggregate._replay(tail)
+        else:
+            aggregate._replay(await self.store.read(aggregate.stream_id, to_version=version))
         if aggregate.version == 0:
             raise AggregateNotFoundError(self.aggregate_type.__name__, aggregate_id)
         if aggregate.version < version:
@@ -175,6 +161,27 @@ class Repository(Generic[A]):
         # saving it must let the store check the version itself.
         aggregate._historic = True
         return aggregate
+
+    async def _events_after(
+        self, stream_id: StreamId, snapshot: Snapshot[Any], to_version: int | None = None
+    ) -> list[RecordedEvent] | None:
+        """The events after the snapshot, or None when the snapshot does not line up with the stream.
+
+        The read starts at the snapshot's own commit, whose last version must be
+        the snapshot's: this catches a snapshot that outlived its stream (a
+        stream deleted and created again) even when no event follows it.
+        """
+        events = await self.store.read(stream_id, from_position=snapshot.position, to_version=to_version)
+        boundary = 0
+        while boundary < len(events) and events[boundary].position == snapshot.position:
+            boundary += 1
+        if boundary and events[boundary - 1].version == snapshot.version:
+            return events[boundary:]
+        log.warning(
+            "The snapshot of %s at version %d does not line up with its events; replaying all events.",
+            stream_id, snapshot.version,
+        )
+        return None
 
     async def _fast_forward(self, aggregate: A) -> bool:
         """Apply the events stored after the aggregate's position; True if there were any."""
