@@ -19,7 +19,7 @@ import logging
 import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, Generic, TypeVar, cast, overload
 
 from eventstore import NO_STREAM, ConcurrencyError, EntityAppend, EventStore, RecordedEvent, StreamId
 
@@ -245,16 +245,40 @@ class Repository(Generic[A]):
 
     # -- commands -------------------------------------------------------------
 
-    async def execute(
+    @overload
+    async def execute(  # a coroutine function: its result is awaited
         self,
         aggregate_id: str,
-        command: Callable[[A], R | Awaitable[R]],
+        command: Callable[[A], Awaitable[R]],
         *,
         create: bool = False,
         command_id: str | None = None,
         correlation_id: str | None = None,
         causation_id: str | None = None,
-    ) -> CommandResult[R]:
+    ) -> CommandResult[R]: ...
+
+    @overload
+    async def execute(
+        self,
+        aggregate_id: str,
+        command: Callable[[A], R],
+        *,
+        create: bool = False,
+        command_id: str | None = None,
+        correlation_id: str | None = None,
+        causation_id: str | None = None,
+    ) -> CommandResult[R]: ...
+
+    async def execute(
+        self,
+        aggregate_id: str,
+        command: Callable[[A], Any],
+        *,
+        create: bool = False,
+        command_id: str | None = None,
+        correlation_id: str | None = None,
+        causation_id: str | None = None,
+    ) -> CommandResult[Any]:
         """Load the aggregate, run ``command`` on it, save what it recorded; retry on conflicts.
 
         * On :class:`~eventstore.ConcurrencyError` the aggregate is brought up

@@ -54,11 +54,10 @@ async def test_a_create_command_on_an_existing_aggregate_meets_its_invariant(acc
 
 
 async def test_concurrent_creates_one_wins(store: EventStore) -> None:
-    repos = [Repository(store, Account) for _ in range(4)]
-    outcomes = await asyncio.gather(
-        *(r.execute("alice", lambda a, n=n: a.open(f"owner{n}"), create=True) for n, r in enumerate(repos)),
-        return_exceptions=True,
-    )
+    async def open_as(owner: str) -> CommandResult[None]:
+        return await Repository(store, Account).execute("alice", lambda a: a.open(owner), create=True)
+
+    outcomes = await asyncio.gather(*(open_as(f"owner{n}") for n in range(4)), return_exceptions=True)
     assert sum(isinstance(o, CommandResult) for o in outcomes) == 1
     assert all(isinstance(o, (CommandResult, AccountError)) for o in outcomes)
     assert await store.version(ALICE) == 1

@@ -62,7 +62,7 @@ def test_a_subclass_is_its_own_event_type() -> None:
 def test_events_are_immutable_and_validated() -> None:
     event = Deposited(amount=5)
     with pytest.raises(ValidationError):
-        event.amount = 6  # type: ignore[misc]
+        event.amount = 6
     with pytest.raises(ValidationError):
         Deposited(amount="lots")  # type: ignore[arg-type]
 

@@ -191,3 +191,22 @@ async def test_the_cache_never_hides_other_writers(store: EventStore) -> None:
     mine = await here.get("alice")
     mine.state.balance = 999  # mutating a returned copy never touches the cache
     assert (await here.get("alice")).state.balance == 15
+
+
+async def test_replaying_runs_handlers_only(
+    accounts: Repository[Account], store: EventStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await open_account(accounts, "alice", 10, 20)
+    account = await accounts.get("alice")
+    account.withdraw(30)
+    await accounts.save(account)
+
+    def no_commands(*args: object) -> None:
+        raise AssertionError("a replay ran a command")
+
+    for command in ("open", "deposit", "withdraw", "close", "_check_usable"):
+        monkeypatch.setattr(Account, command, no_commands)
+    for repo in (Repository(store, Account), Repository(store, Account, snapshot_every=2)):
+        loaded = await repo.get("alice")
+        assert (loaded.version, loaded.state.balance) == (4, 0)
+        assert (await repo.get("alice", version=3)).state.balance == 30
