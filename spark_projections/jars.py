@@ -214,7 +214,10 @@ def diagnose_launch_failure(output: str, *, coordinate: str | None) -> SparkProj
             coordinate=coordinate,
             jvm_output=evidence,
         )
-    lines = [line for line in output.splitlines() if line.strip()]
+    # Stack frames name no cause; the exception lines above them do.
+    lines = [
+        line for line in output.splitlines() if line.strip() and not line.strip().startswith("at ")
+    ]
     cause = next(
         (line.strip() for line in lines if "Exception" in line or "Error:" in line),
         "no error message was printed",

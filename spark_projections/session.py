@@ -75,6 +75,9 @@ def build_conf(settings: SparkSettings) -> dict[str, str]:
         # picking (and warning about) whatever interface the hostname resolves to.
         conf["spark.driver.host"] = "127.0.0.1"
         conf["spark.driver.bindAddress"] = "127.0.0.1"
+        # Delta rebuilds table state from its log in 50 tasks by default, sized for
+        # clusters; on one machine that is mostly task overhead.
+        conf["spark.databricks.delta.snapshotPartitions"] = str(settings.shuffle_partitions)
     if settings.driver_memory is not None:
         conf["spark.driver.memory"] = settings.driver_memory
     if settings.delta_jars_dir is not None:
@@ -191,6 +194,12 @@ def _start_jvm_and_session(conf: dict[str, str], *, coordinate: str | None) -> S
     spark_conf = SparkConf(loadDefaults=False)
     spark_conf.setAll(list(conf.items()))
     tee = _StderrTee()
+    # launch_gateway hands the JVM a copy of os.environ and offers no other way in. For a
+    # local master, SPARK_LOCAL_IP keeps Spark from resolving the hostname to some other
+    # interface (and warning about it) before spark.driver.bindAddress applies.
+    added_local_ip = conf["spark.master"].startswith("local") and "SPARK_LOCAL_IP" not in os.environ
+    if added_local_ip:
+        os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
     try:
         # launch_gateway is unannotated upstream; its `popen_kwargs` is the documented hook
         # for "capturing stdout/stderr".
@@ -201,6 +210,9 @@ def _start_jvm_and_session(conf: dict[str, str], *, coordinate: str | None) -> S
         tee.close_write_end()
         tee.wait_for_eof(timeout=10.0)
         raise diagnose_launch_failure(tee.text(), coordinate=coordinate) from exc
+    finally:
+        if added_local_ip:
+            del os.environ["SPARK_LOCAL_IP"]
     tee.close_write_end()
     try:
         # Passing the gateway makes SparkContext reuse this JVM instead of launching one.

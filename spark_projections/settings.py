@@ -32,8 +32,6 @@ the same major.minor (4.4) is what has to match, which a test checks.
 TEST_PROFILE_CONF: dict[str, str] = {
     # Tiny data on 2 cores: more tasks only add scheduling overhead.
     "spark.default.parallelism": "2",
-    # Delta replays its log with 50 partitions by default; pointless for test tables.
-    "spark.databricks.delta.snapshotPartitions": "2",
     # Progress bars interleave with pytest output.
     "spark.ui.showConsoleProgress": "false",
     # Timestamps must not depend on the machine running the tests.

@@ -36,6 +36,7 @@ def test_build_conf_online_mode() -> None:
     assert conf["spark.jars.packages"] == delta_coordinate(DELTA_MAVEN_VERSION)
     assert "spark.jars" not in conf
     assert conf["spark.driver.bindAddress"] == "127.0.0.1"
+    assert conf["spark.databricks.delta.snapshotPartitions"] == "2"
 
 
 def test_extra_conf_overrides_but_list_keys_merge() -> None:

@@ -1,0 +1,191 @@
+"""Delta jars: coordinates, offline folders, and diagnosis of JVM start-up failures."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import pyspark
+import pytest
+from pyspark.sql import SparkSession
+
+from spark_projections.cli import main
+from spark_projections.errors import DeltaJarsUnavailableError, SparkStartupError
+from spark_projections.jars import (
+    delta_coordinate,
+    diagnose_launch_failure,
+    export_delta_jars,
+    offline_delta_jars,
+    spark_minor_version,
+)
+from spark_projections.settings import DELTA_MAVEN_VERSION
+
+
+def test_pinned_jar_version_matches_the_installed_packages() -> None:
+    # The jar is pinned (the wheel's own version has no jar on Maven Central); it must stay
+    # on the wheel's major.minor and be built for the installed Spark.
+    wheel = version("delta-spark")
+    assert DELTA_MAVEN_VERSION.split(".")[:2] == wheel.split(".")[:2]
+    spark_mm = ".".join(pyspark.__version__.split(".")[:2])
+    assert spark_minor_version() == spark_mm
+    assert delta_coordinate(DELTA_MAVEN_VERSION) == f"io.delta:delta-spark_{spark_mm}_2.13:{DELTA_MAVEN_VERSION}"
+
+
+def make_jar(path: Path, members: dict[str, bytes]) -> Path:
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+    return path
+
+
+def test_offline_folder_problems_are_told_apart(tmp_path: Path) -> None:
+    with pytest.raises(DeltaJarsUnavailableError) as missing_dir:
+        offline_delta_jars(tmp_path / "absent")
+    assert missing_dir.value.problem == "offline_dir_missing"
+
+    folder = tmp_path / "jars"
+    folder.mkdir()
+    make_jar(folder / "io.delta_delta-storage-4.4.0.jar", {"io/delta/storage/LogStore.class": b""})
+    with pytest.raises(DeltaJarsUnavailableError) as missing_jar:
+        offline_delta_jars(folder)
+    assert missing_jar.value.problem == "offline_jars_missing"
+    assert "delta-spark" in str(missing_jar.value) and "fetch-delta-jars" in str(missing_jar.value)
+
+    other_spark = make_jar(
+        folder / "io.delta_delta-spark_3.5_2.13-4.4.0.jar",
+        {"io/delta/sql/DeltaSparkSessionExtension.class": b""},
+    )
+    with pytest.raises(DeltaJarsUnavailableError) as wrong_spark:
+        offline_delta_jars(folder)
+    assert wrong_spark.value.problem == "offline_jars_incompatible"
+    assert "Spark 3.5" in str(wrong_spark.value)
+    other_spark.unlink()
+
+    (folder / f"delta-spark_{spark_minor_version()}_2.13-4.4.0.jar").write_bytes(b"not a zip")
+    with pytest.raises(DeltaJarsUnavailableError) as corrupt:
+        offline_delta_jars(folder)
+    assert corrupt.value.problem == "offline_jars_incompatible"
+
+
+# What Spark printed (trimmed) when asked for io.delta:delta-spark_4.2_2.13:4.4.1 - the
+# coordinate `configure_spark_with_delta_pip` derives from the 4.4.1 wheel - on a machine
+# that reaches Maven Central but not Spark's community repository.
+REAL_NOT_PUBLISHED_OUTPUT = """\
+:: resolving dependencies :: org.apache.spark#spark-submit-parent-5c9c;1.0
+You probably access the destination server through a proxy server that is not well configured.
+:::: WARNINGS
+\tHost repos.spark-packages.org not found. url=https://repos.spark-packages.org/io/delta/delta-spark_4.2_2.13/4.4.1/delta-spark_4.2_2.13-4.4.1.pom
+\t\tmodule not found: io.delta#delta-spark_4.2_2.13;4.4.1
+\t\t:: io.delta#delta-spark_4.2_2.13;4.4.1: not found
+Exception in thread "main" java.lang.RuntimeException: [unresolved dependency: io.delta#delta-spark_4.2_2.13;4.4.1: not found]
+\tat org.apache.spark.util.MavenUtils$.resolveMavenCoordinates(MavenUtils.scala:539)
+"""
+
+
+def test_diagnosis_of_an_unpublished_version() -> None:
+    error = diagnose_launch_failure(REAL_NOT_PUBLISHED_OUTPUT, coordinate="io.delta:delta-spark_4.2_2.13:4.4.1")
+    assert isinstance(error, DeltaJarsUnavailableError)
+    assert error.problem == "artifact_not_found"
+    assert "JETSOURCING_SPARK_DELTA_VERSION" in str(error)
+    # Spark's community repository being unreachable is not the story.
+    assert error.jvm_output is not None and "spark-packages" not in error.jvm_output
+
+
+def test_diagnosis_of_other_start_up_failures() -> None:
+    output = "Error: Could not create the Java Virtual Machine.\nError: A fatal exception has occurred."
+    error = diagnose_launch_failure(output, coordinate=None)
+    assert isinstance(error, SparkStartupError)
+    assert "Could not create the Java Virtual Machine" in str(error)
+
+
+def test_real_jvm_resolution_failures_become_typed_errors(tmp_path: Path, run_python: Any) -> None:
+    """Two real JVM launches whose Ivy repositories are local: one refuses connections
+    (unreachable), one is an empty folder (not published). No network is involved."""
+    empty_repo = tmp_path / "empty-repo"
+    empty_repo.mkdir()
+    settings_files = {}
+    for name, root in (("unreachable", "http://127.0.0.1:9/maven2/"), ("empty", empty_repo.as_uri() + "/")):
+        xml = tmp_path / f"{name}.xml"
+        xml.write_text(
+            '<ivysettings><settings defaultResolver="main"/><resolvers><chain name="main">'
+            f'<ibiblio name="{name}" m2compatible="true" root="{root}"/>'
+            "</chain></resolvers></ivysettings>"
+        )
+        settings_files[name] = str(xml)
+    code = f"""
+import json
+from pyspark import SparkContext
+from spark_projections.session import spark_session, SparkSettings
+from spark_projections.errors import DeltaJarsUnavailableError
+out = {{}}
+for name, xml in {json.dumps(settings_files)}.items():
+    conf = {{"spark.jars.ivySettings": xml, "spark.jars.ivy": {json.dumps(str(tmp_path / "ivy"))}}}
+    try:
+        spark_session(SparkSettings.test_profile(delta_jars_dir=None, extra_conf=conf))
+        out[name] = "started"
+    except DeltaJarsUnavailableError as e:
+        out[name] = [e.problem, str(e), SparkContext._gateway is None]
+print("RESULT" + json.dumps(out))
+"""
+    result = run_python(code, timeout=120)
+    line = next((x for x in result.stdout.splitlines() if x.startswith("RESULT")), None)
+    assert line is not None, result.stdout + result.stderr[-3000:]
+    out = json.loads(line[len("RESULT"):])
+    problem, message, no_jvm_left = out["unreachable"]
+    assert problem == "maven_unreachable" and no_jvm_left
+    assert "127.0.0.1:9" in message and "Connection refused" in message
+    problem, message, _ = out["empty"]
+    assert problem == "artifact_not_found"
+    assert f"io.delta#delta-spark_{spark_minor_version()}_2.13;{DELTA_MAVEN_VERSION}" in message
+    # The JVM's output still reached stderr for the user to see.
+    assert "UNRESOLVED DEPENDENCIES" in result.stderr
+
+
+def test_export_jars_then_run_offline(
+    spark: SparkSession, tmp_path: Path, run_python: Any, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`fetch-delta-jars` copies the resolved jars; a fresh process then runs offline on them."""
+    jars = tmp_path / "delta-jars"
+    # The CLI builds settings from the environment; keep the shared session's test values.
+    monkeypatch.setenv("JETSOURCING_SPARK_SHUFFLE_PARTITIONS", "2")
+    monkeypatch.setenv("JETSOURCING_SPARK_LOG_LEVEL", "ERROR")
+    assert main(["fetch-delta-jars", str(jars)]) == 0
+    assert f"JETSOURCING_SPARK_DELTA_JARS_DIR={jars.resolve()}" in capsys.readouterr().out
+    copied = offline_delta_jars(jars)
+    resolved = spark.sparkContext.getConf().get("spark.jars") or ""
+    assert sorted(p.name for p in copied) == sorted(Path(e).name for e in resolved.split(","))
+
+    unreachable = tmp_path / "unreachable.xml"
+    unreachable.write_text(
+        '<ivysettings><settings defaultResolver="main"/><resolvers><chain name="main">'
+        '<ibiblio name="unreachable" m2compatible="true" root="http://127.0.0.1:9/maven2/"/>'
+        "</chain></resolvers></ivysettings>"
+    )
+    result = run_python(
+        "import sys\nfrom spark_projections.cli import main\nsys.exit(main(['check']))\n",
+        env={
+            "JETSOURCING_SPARK_DELTA_JARS_DIR": str(jars),
+            "JETSOURCING_SPARK_MASTER": "local[1]",
+            "JETSOURCING_SPARK_SHUFFLE_PARTITIONS": "1",
+            # Proof that nothing is downloaded: Ivy's only repository refuses connections.
+            "JETSOURCING_SPARK_EXTRA_CONF": json.dumps({"spark.jars.ivySettings": str(unreachable)}),
+        },
+    )
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    assert f"delta jars: offline from {jars}" in result.stdout
+    assert "delta round trip: ok" in result.stdout
+    assert "resolving dependencies" not in result.stderr
+
+
+def test_cli_reports_errors_without_a_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("JETSOURCING_SPARK_DELTA_JARS_DIR", str(tmp_path / "missing"))
+    assert main(["check"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: The offline Delta jars folder")
+    assert "Traceback" not in err
