@@ -303,7 +303,8 @@ class Repository(Generic[A]):
         ``command`` may be a plain function or a coroutine function; its
         return value is returned as ``value``.
         """
-        stream_id = self.aggregate_type._stream_id(aggregate_id)
+        cached = self._cache.get(aggregate_id)
+        stream_id = cached.stream_id if cached is not None else self.aggregate_type._stream_id(aggregate_id)
         causation_id = causation_id or command_id
         lock = self._locks.get(aggregate_id)
         if lock is None:

@@ -1,0 +1,221 @@
+"""Benchmark of aggregates: load latency with and without snapshots, and command throughput.
+
+Run with the project's venv: ``.venv/bin/python benchmarks/bench_aggregates.py [--quick]``.
+Starts its own nats-server in a temporary directory; prints progress to stderr
+and one JSON object as the last line of stdout.
+
+Layout: aggregates of 10, 1,000 and 10,000 events (one event per commit) are
+interleaved at random with 200,000 events of 20,000 other entities in one
+stream. Then:
+
+* ``load_p50_ms`` / ``load_p99_ms``: ``Repository.get`` without cache or snapshots.
+* ``load_snap_p50_ms`` / ``load_snap_p99_ms``: the same with ``snapshot_every=100``
+  (each aggregate loaded once beforehand, which writes its snapshot).
+* ``load_recent10_p50_ms`` / ``load_recent10_p99_ms``: 10-event aggregates whose
+  events sit next to each other at the end of the stream (the spread-out ones
+  above make nats-server scan many blocks).
+* ``command_eps``: ``Repository.execute`` (load + command + save) across 1,000
+  aggregates with 64 concurrent tasks, default repository (cache on);
+  ``command_eps_uncached`` the same with ``cache_size=0`` (a full load each time).
+* ``raw_append_concurrent_eps``: single-event commits with the event store's wire
+  headers, published with nats-py ``js.publish_async`` and pipelined.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import random
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from pydantic import BaseModel
+
+from aggregates import Aggregate, DomainEvent, Repository, applies
+from eventstore import EmbeddedServer, EventStore, EventStoreSettings, StreamId, encode_commit
+from eventstore.wire import utc_now_text
+
+
+class Deposited(DomainEvent):
+    amount: int
+
+
+class AccountState(BaseModel):
+    balance: int = 0
+
+
+class Account(Aggregate[AccountState]):
+    def deposit(self, amount: int) -> None:
+        self.record(Deposited(amount=amount))
+
+    @applies(Deposited)
+    def _deposited(self, event: Deposited) -> None:
+        self.state.balance += event.amount
+
+
+def progress(text: str) -> None:
+    print(f"[bench_aggregates] {text}", file=sys.stderr, flush=True)
+
+
+def percentile(samples: list[float], p: float) -> float:
+    ordered = sorted(samples)
+    return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
+
+
+def commit(subject: str, version: int, body: bytes) -> tuple[str, bytes, dict[str, str]]:
+    headers, payload = encode_commit(
+        msg_id=uuid.uuid4().hex,
+        types=["Deposited"],
+        schema_versions=[1],
+        event_ids=[uuid.uuid4().hex],
+        payloads=[body],
+        last_version=version,
+        recorded_at=utc_now_text(),
+    )
+    return subject, payload, headers
+
+
+async def publish_pipelined(store: EventStore, messages: Any, total: int, label: str) -> float:
+    """Publish (subject, body, headers) tuples with js.publish_async; returns events per second."""
+    js = store.nc.jetstream(publish_async_max_pending=4000)
+    started = time.perf_counter()
+    futures: list[asyncio.Future[Any]] = []
+    for i, (subject, body, headers) in enumerate(messages, start=1):
+        futures.append(await js.publish_async(subject, body, headers=headers))
+        if len(futures) >= 5000:
+            await asyncio.gather(*futures)
+            futures.clear()
+        if i % 50_000 == 0:
+            progress(f"{label}: {i:,}/{total:,}")
+    await asyncio.gather(*futures)
+    return total / (time.perf_counter() - started)
+
+
+async def fill(store: EventStore, sizes: dict[str, int], noise_entities: int, noise_each: int, seed: int) -> dict[str, list[str]]:
+    """Write the aggregates' events interleaved at random with the noise; returns aggregate ids by size."""
+    prefix = store.settings.subject_prefix
+    rng = random.Random(seed)
+    ids: dict[str, list[str]] = {}
+    entities: list[tuple[str, int]] = []
+    for size, count in sizes.items():
+        ids[size] = [f"s{size}-{i}" for i in range(count)]
+        entities += [(StreamId("Account", a).subject(prefix), int(size)) for a in ids[size]]
+    entities += [(StreamId("Noise", f"n{i}").subject(prefix), noise_each) for i in range(noise_entities)]
+    slots = [index for index, (_, n) in enumerate(entities) for _ in range(n)]
+    rng.shuffle(slots)
+    versions = [0] * len(entities)
+    body = Deposited(amount=1).model_dump_json().encode()
+
+    def messages() -> Any:
+        for index in slots:
+            versions[index] += 1
+            yield commit(entities[index][0], versions[index], body)
+
+    eps = await publish_pipelined(store, messages(), len(slots), "fill")
+    progress(f"filled {len(slots):,} events at {eps:,.0f}/s")
+    return ids
+
+
+async def time_loads(get: Callable[[str], Awaitable[Account]], ids: list[str], loads: int, size: int) -> list[float]:
+    samples = []
+    for i in range(loads):
+        started = time.perf_counter()
+        account = await get(ids[i % len(ids)])
+        samples.append((time.perf_counter() - started) * 1000)
+        assert account.version == size and account.state.balance == size, account
+    return samples
+
+
+async def run_commands(
+    repo: Repository[Account], ids: list[str], commands: int, concurrency: int, create: bool = False
+) -> float:
+    counter = iter(range(commands))
+
+    async def worker() -> None:
+        for i in counter:
+            await repo.execute(ids[i % len(ids)], lambda a: a.deposit(1), create=create)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return commands / (time.perf_counter() - started)
+
+
+async def main(quick: bool) -> dict[str, Any]:
+    sizes = {"10": 100, "1000": 10, "10000": 3}
+    loads = {"10": 300, "1000": 60, "10000": 15}
+    noise_entities, noise_each = 20_000, 10
+    raw_count, commands, uncached_commands = 30_000, 30_000, 5_000
+    if quick:
+        noise_entities, raw_count, commands, uncached_commands = 2_000, 10_000, 4_000, 1_000
+        loads = {"10": 100, "1000": 20, "10000": 5}
+    result: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-aggregates-") as tmp, EmbeddedServer(tmp) as server:
+        settings = EventStoreSettings(nats_url=server.url, stream="BENCH", subject_prefix="bench")
+        async with EventStore.connect(settings) as store:
+            plain = Repository(store, Account, cache_size=0)
+            ids = await fill(store, sizes, noise_entities, noise_each, seed=7)
+
+            snapped = Repository(store, Account, cache_size=0, snapshot_every=100)
+            for name, repo in (("load", plain), ("load_snap", snapped)):
+                result[f"{name}_p50_ms"], result[f"{name}_p99_ms"] = {}, {}
+                for size, count in loads.items():
+                    if repo is snapped:
+                        for aggregate_id in ids[size]:
+                            await repo.get(aggregate_id)  # writes the snapshot (aggregates of >= 100 events)
+                    samples = await time_loads(repo.get, ids[size], count, int(size))
+                    result[f"{name}_p50_ms"][size] = round(percentile(samples, 50), 3)
+                    result[f"{name}_p99_ms"][size] = round(percentile(samples, 99), 3)
+                    progress(f"{name} {size:>5} events: p50 {percentile(samples, 50):.2f} ms, p99 {percentile(samples, 99):.2f} ms")
+
+            # The same 10-event loads for aggregates written back to back (the best case for a plain load).
+            recent = [f"recent-{i}" for i in range(100)]
+            await run_commands(Repository(store, Account), recent, len(recent) * 10, 64, create=True)
+            samples = await time_loads(plain.get, recent, loads["10"], 10)
+            result["load_recent10_p50_ms"] = round(percentile(samples, 50), 3)
+            result["load_recent10_p99_ms"] = round(percentile(samples, 99), 3)
+            progress(f"load of 10 adjacent events: p50 {percentile(samples, 50):.2f} ms, p99 {percentile(samples, 99):.2f} ms")
+
+            command_ids = [f"c{i}" for i in range(1000)]
+            cached = Repository(store, Account)
+            await run_commands(cached, command_ids, len(command_ids), 64, create=True)
+            # Measured right before the commands, so both see the same stream and server state.
+            raw = (commit(f"bench.Raw.r{i}", 1, b'{"amount":1}') for i in range(raw_count))
+            result["raw_append_concurrent_eps"] = round(await publish_pipelined(store, raw, raw_count, "raw"))
+            progress(f"raw publish_async: {result['raw_append_concurrent_eps']:,}/s")
+            result["command_eps"] = round(await run_commands(cached, command_ids, commands, 64))
+            progress(f"commands (cache): {result['command_eps']:,}/s")
+            result["command_eps_uncached"] = round(await run_commands(plain, command_ids, uncached_commands, 64))
+            progress(f"commands (no cache): {result['command_eps_uncached']:,}/s")
+            check = await plain.get("c0")
+            assert check.version == 1 + (commands + uncached_commands) // len(command_ids), check
+    result["targets"] = {
+        "load_snap_p99_10000_over_load_p99_10": round(result["load_snap_p99_ms"]["10000"] / result["load_p99_ms"]["10"], 3),
+        "load_snap_p99_10000_over_load_recent10_p99": round(
+            result["load_snap_p99_ms"]["10000"] / result["load_recent10_p99_ms"], 3
+        ),
+        "command_eps_over_raw": round(result["command_eps"] / result["raw_append_concurrent_eps"], 3),
+    }
+    result["setup"] = {
+        "aggregates": sizes,
+        "noise_events": noise_entities * noise_each,
+        "loads": loads,
+        "snapshot_every": 100,
+        "commands": commands,
+        "uncached_commands": uncached_commands,
+        "concurrency": 64,
+        "command_aggregates": 1000,
+    }
+    return result
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a smaller run, for trying changes")
+    args = parser.parse_args()
+    print(json.dumps(asyncio.run(main(args.quick))))
