@@ -50,6 +50,7 @@ from .progress import progress_for
 from .projection import Projection
 from .rebuild import rebuild
 from .settings import ProjectionSettings
+from .source import EventBatch, EventSource
 from .sqlite import SqliteStore
 from .store import Generation, ReadModelStore, RunState, Writer
 
@@ -198,12 +199,12 @@ class ProjectionRunner:
 
     # -- following ------------------------------------------------------------
 
-    def _source(self, writer: Writer, target: int | None) -> AsyncIterator[list[RecordedEvent]]:
+    def _source(self, writer: Writer, target: int | None) -> AsyncIterator[EventBatch]:
+        source = EventSource(self.es, self.projection.categories, self.projection.handled_types)
         if target is not None:
-            return self.es.read_all(from_position=writer.checkpoint + 1, to_position=target,
-                                    categories=self.projection.categories, batch=self.settings.batch_size)
-        return self.es.subscribe(from_position=writer.checkpoint + 1, categories=self.projection.categories,
-                                 batch=self.settings.batch_size, heartbeat_s=self.settings.heartbeat_s)
+            return source.batches(writer.checkpoint + 1, to_position=target, batch=self.settings.batch_size)
+        return source.batches(writer.checkpoint + 1, live=True, batch=self.settings.batch_size,
+                              heartbeat_s=self.settings.heartbeat_s)
 
     async def _follow(self, store: ReadModelStore, writer: Writer, lease: Lease) -> Outcome | None:
         applier = Applier(self.projection, writer, self.policy, self.counters)
@@ -211,7 +212,7 @@ class ProjectionRunner:
         if target is not None:
             log.info("%s: catching up from %d to %d (burst mode).", self.name, writer.checkpoint, target)
         source = self._source(writer, target)
-        next_batch: asyncio.Task[list[RecordedEvent]] | None = None
+        next_batch: asyncio.Task[EventBatch] | None = None
         stop_wait = asyncio.ensure_future(self.stop_event.wait())
         lost_wait = asyncio.ensure_future(lease.lost.wait())
         interval = self.settings.status_interval_s
@@ -226,7 +227,7 @@ class ProjectionRunner:
                 if next_batch in done:
                     task, next_batch = next_batch, None
                     try:
-                        events = task.result()
+                        batch = task.result()
                     except StopAsyncIteration:
                         self._apply(applier, [], through=target)
                         store.set_state(self.name, RunState.STOPPED, owner=self.owner, counters=self.counters.as_dict())
@@ -234,8 +235,9 @@ class ProjectionRunner:
                         return Outcome.CAUGHT_UP
                     if lease.lost.is_set():
                         raise _Reload  # never apply without the lease; the batch is read again by the next owner
+                    self.counters.skipped += batch.skipped
                     try:
-                        self._apply(applier, events)
+                        self._apply(applier, batch.events, through=batch.last_position)
                     except ProjectionStoppedError as exc:
                         failure = exc.failure
                         log.error("%s\n%s", exc, failure.traceback)

@@ -23,8 +23,11 @@ generation's checkpoint.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from nats.js.kv import KeyValue
@@ -38,6 +41,7 @@ from .lease import Lease, new_owner_id, open_lease_bucket
 from .progress import NoProgress, ProgressReporter
 from .projection import Projection
 from .settings import ProjectionSettings
+from .source import EventSource
 from .sqlite import SqliteStore
 from .store import ReadModelStore
 
@@ -103,7 +107,8 @@ async def rebuild(
                 f"A rebuild of {projection.name!r} is already running ({await lease.holder()}). Wait for it to finish."
             )
         try:
-            return await _rebuild(projection, settings, es, rm, lease, me, progress or NoProgress())
+            with _fewer_gc_pauses():
+                return await _rebuild(projection, settings, es, rm, lease, me, progress or NoProgress())
         finally:
             await lease.release()
     finally:
@@ -111,6 +116,22 @@ async def rebuild(
             rm.close()
         if own_es:
             await es.close()
+
+
+@contextlib.contextmanager
+def _fewer_gc_pauses() -> Iterator[None]:
+    """Collect the youngest generation less often while replaying.
+
+    A replay allocates millions of short-lived, acyclic objects (messages,
+    events, rows); the default threshold (700) runs the collector thousands
+    of times for nothing, about 8% of a replay's time. Restored afterwards.
+    """
+    old = gc.get_threshold()
+    gc.set_threshold(max(old[0], 100_000), old[1], old[2])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
 
 
 async def _rebuild(
@@ -131,19 +152,18 @@ async def _rebuild(
     writer = rm.writer(shadow, owner)
     counters = Counters()
     applier = Applier(projection, writer, settings.error_policy or projection.error_policy, counters)
-    categories = projection.categories
+    source = EventSource(es, projection.categories, projection.handled_types)
     batch = settings.rebuild_batch_size
     progress.start(target)
     switched = False
     try:
         upto = target
         while True:
-            async for events in es.read_all(
-                from_position=writer.checkpoint + 1, to_position=upto, categories=categories, batch=batch
-            ):
+            async for events in source.batches(writer.checkpoint + 1, to_position=upto, batch=batch):
                 if lease.lost.is_set():
                     raise RebuildError(f"The rebuild lease of {projection.name!r} was lost; abandoning the rebuild.")
-                applier.apply(events)
+                counters.skipped += events.skipped
+                applier.apply(events.events, through=events.last_position)
                 progress.update(writer.checkpoint)
             applier.advance(upto)
             progress.update(writer.checkpoint)

@@ -101,7 +101,7 @@ class Table:
     column name or a sequence of names; backends without indexes ignore them.
     """
 
-    __slots__ = ("name", "key", "columns", "indexes", "_by_name", "_values", "_single", "_key_types")
+    __slots__ = ("name", "key", "columns", "indexes", "_by_name", "_names", "_values", "_single", "_key_types")
 
     def __init__(
         self,
@@ -121,6 +121,7 @@ class Table:
             cols.append(Column(column, col_type, nullable))
         self.columns: tuple[Column, ...] = tuple(cols)
         self._by_name = {c.name: c for c in cols}
+        self._names = self._by_name.keys()
         key_names = (key,) if isinstance(key, str) else tuple(key)
         if not key_names or len(set(key_names)) != len(key_names):
             raise ProjectionDefinitionError(f"Table {name!r} needs one or more distinct key columns, got {key!r}.")
@@ -210,18 +211,22 @@ class Table:
         raises :class:`RowError`. ``int`` values of ``float`` columns become
         ``float``.
         """
-        key_values = self.key_values(key)
-        row: Row = dict(zip(self.key, key_values))
-        by_name = self._by_name
-        for name in values:
-            if name not in by_name:
-                raise RowError(
-                    f"Table {self.name!r} has no column {name!r} (columns: {', '.join(by_name)})."
-                )
-            if name in row and values[name] != row[name]:
-                raise RowError(
-                    f"Row for table {self.name!r} has {name}={values[name]!r} but its key says {row[name]!r}."
-                )
+        if self._single:
+            key_name = self.key[0]
+            key_type = self._key_types[0]
+            if type(key) is not key_type or (key_type is int and not _INT_MIN <= _as_int(key) <= _INT_MAX):
+                self.key_values(key)  # raises the right error
+            row: Row = {key_name: key}
+            if key_name in values and values[key_name] != key:
+                self._mismatch(key_name, values, row)
+        else:
+            row = dict(zip(self.key, self.key_values(key)))
+            for name in self.key:
+                if name in values and values[name] != row[name]:
+                    self._mismatch(name, values, row)
+        if not self._names >= values.keys():
+            unknown = sorted(set(values) - self._names)
+            raise RowError(f"Table {self.name!r} has no column {unknown[0]!r} (columns: {', '.join(self._by_name)}).")
         for name, typ, nullable in self._values:
             value = values.get(name)
             if value is None:
@@ -229,10 +234,13 @@ class Table:
                     raise RowError(f"Column {self.name}.{name} is not nullable; the row gives no value for it.")
             elif type(value) is not typ:
                 value = self._coerce(name, typ, value)
-            elif typ is int and not _INT_MIN <= _as_int(value) <= _INT_MAX:
+            elif typ is int and (value > _INT_MAX or value < _INT_MIN):  # type: ignore[operator]
                 raise RowError(f"Value {value} of {self.name}.{name} does not fit in 64 bits.")
             row[name] = value
         return row
+
+    def _mismatch(self, name: str, values: Mapping[str, Any], row: Row) -> None:
+        raise RowError(f"Row for table {self.name!r} has {name}={values[name]!r} but its key says {row[name]!r}.")
 
     def _coerce(self, name: str, typ: type, value: Any) -> Any:
         if typ is float and type(value) is int:

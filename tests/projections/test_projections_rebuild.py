@@ -163,8 +163,9 @@ async def test_version_bump_rebuilds_on_start_and_other_mismatches_are_refused(
 
 
 async def test_two_rebuilds_at_once_are_refused(es: EventStore, psettings: ProjectionSettings) -> None:
-    await es.append(StreamId(ACCOUNT, "x"), [Deposited(amount=1)])
-    proc = spawn(psettings, "rebuild", "projection_examples:SlowBalances", stderr=subprocess.DEVNULL)
+    await append_workload(es, workload(2000, accounts=100))  # ~2 s of SlowBalances
+    proc = spawn(psettings, "rebuild", "projection_examples:SlowBalances", "--batch-size", "50",
+                 stderr=subprocess.DEVNULL)
     try:
         def started() -> bool:
             with SqliteStore(psettings.database) as store:
