@@ -84,6 +84,9 @@ class Aggregate(Generic[S]):
 
     Guarantees:
 
+    * ``id`` is valid for a stream id (checked on construction, raising
+      :class:`InvalidAggregateIdError`); ``stream_id`` is the event store
+      stream that holds the events, ``<category>/<id>``.
     * ``version`` is the number of events applied (stored and pending);
       ``position`` is the stream position of the last *stored* event applied
       (0 for an aggregate never saved).

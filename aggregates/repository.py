@@ -60,6 +60,9 @@ class Repository(Generic[A]):
     :mod:`aggregates.snapshots`); ``cache_size`` keeps that many recently used
     aggregates in memory, which saves :meth:`execute` its load. The cache is
     safe with other writers: a stale entry only costs a conflict and a retry.
+
+    Safe for many concurrent tasks on one event loop; commands on one
+    aggregate through one repository take turns.
     """
 
     def __init__(
@@ -109,6 +112,8 @@ class Repository(Generic[A]):
         """
         self.aggregate_type._stream_id(aggregate_id)
         if version is not None:
+            if version < 1:
+                raise ValueError(f"version counts events from 1; there is no version {version}.")
             return await self._load_at(aggregate_id, version)
         cached = self._cache_get(aggregate_id)
         if cached is not None:

@@ -35,8 +35,9 @@ def upcaster(event: type[DomainEvent], *, from_version: int) -> Callable[[Upcast
 
     The function receives the stored JSON object (a dict) and returns the next
     version's. It is registered with the event wherever the event is
-    registered (repositories, :func:`register_events`). The decorated function
-    is returned unchanged.
+    registered (repositories, :func:`register_events`), so define it next to
+    the event, before repositories are created. The decorated function is
+    returned unchanged.
     """
 
     def attach(function: Upcaster) -> Upcaster:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -110,11 +111,23 @@ async def test_retries_are_bounded(store: EventStore) -> None:
 
 
 @pytest.mark.parametrize("shared_cache", [True, False], ids=["one-repository", "eight-repositories"])
-async def test_no_lost_updates(store: EventStore, shared_cache: bool) -> None:
+async def test_no_lost_updates(store: EventStore, shared_cache: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     tasks, deposits = 8, 250
     shared = Repository(store, Account)
     repos = [shared if shared_cache else Repository(store, Account) for _ in range(tasks)]
     await open_alice(shared)
+    conflicts = 0
+    append = store.append
+
+    async def counting_append(*args: Any, **kwargs: Any) -> Any:
+        nonlocal conflicts
+        try:
+            return await append(*args, **kwargs)
+        except ConcurrencyError:
+            conflicts += 1
+            raise
+
+    monkeypatch.setattr(store, "append", counting_append)
 
     async def depositor(repo: Repository[Account]) -> None:
         for _ in range(deposits):
@@ -123,6 +136,8 @@ async def test_no_lost_updates(store: EventStore, shared_cache: bool) -> None:
     await asyncio.gather(*(depositor(r) for r in repos))
     alice = await Repository(store, Account).get("alice")
     assert (alice.state.balance, alice.version) == (tasks * deposits, tasks * deposits + 1)
+    # One repository lets the commands take turns; eight (like eight processes) conflict and retry.
+    assert (conflicts == 0) if shared_cache else (conflicts > 0)
 
 
 # -- idempotency ----------------------------------------------------------------

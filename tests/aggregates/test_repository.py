@@ -75,6 +75,8 @@ async def test_time_travel(accounts: Repository[Account], store: EventStore) -> 
         await accounts.get("alice", version=5)
     with pytest.raises(AggregateNotFoundError):
         await accounts.get("nobody", version=1)
+    with pytest.raises(ValueError):
+        await accounts.get("alice", version=0)
 
 
 async def test_a_past_version_cannot_overwrite_the_present(accounts: Repository[Account], store: EventStore) -> None:
