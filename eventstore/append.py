@@ -31,8 +31,7 @@ from dataclasses import dataclass
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from nats.errors import NoRespondersError
-from nats.errors import TimeoutError as NatsTimeoutError
+from nats.errors import Error as NatsError
 from pydantic import BaseModel
 
 from .errors import (
@@ -273,8 +272,9 @@ class Appender:
                 reply = await self._nc.request(
                     commits[-1].subject, encoded[-1][1], timeout=self._settings.request_timeout_s, headers=encoded[-1][0]
                 )
-            except (NatsTimeoutError, asyncio.TimeoutError, NoRespondersError) as exc:
+            except (NatsError, asyncio.TimeoutError) as exc:
                 if attempt + 1 < attempts:
+                    await asyncio.sleep(0.05 * 2**attempt)
                     continue  # resend: the msg ids make a resend safe
                 raise ServerUnavailableError(
                     f"The server did not acknowledge the append to {commits[-1].request.stream_id} after {attempts} "

@@ -12,6 +12,7 @@ import asyncio
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from nats.errors import Error as NatsError
 
 from .errors import ServerUnavailableError
 
@@ -56,7 +57,7 @@ class BatchInbox:
         try:
             await self._nc.publish(subject, payload, reply=f"{self._prefix}.{token}")
             return await asyncio.wait_for(future, timeout_s)
-        except asyncio.TimeoutError:
+        except (asyncio.TimeoutError, NatsError):
             raise ServerUnavailableError(
                 f"No complete answer to {subject} within {timeout_s}s. Check that the NATS server is "
                 "running and reachable, or raise request_timeout_s."

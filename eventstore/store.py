@@ -18,6 +18,8 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 from collections.abc import AsyncIterator, Coroutine, Generator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -43,6 +45,17 @@ from .streams import StreamId, decode_entity_id, validate_category
 from .wire import Header
 
 __all__ = ["EntityInfo", "EventStore", "StoreInfo"]
+
+log = logging.getLogger("jetsourcing.eventstore")
+
+
+async def _on_error(exc: Exception) -> None:
+    # nats-py's default logs a full traceback for every failed reconnect attempt.
+    log.warning("NATS connection problem: %s", exc or type(exc).__name__)
+
+
+async def _on_reconnected() -> None:
+    log.info("Reconnected to NATS")
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,12 +136,24 @@ class EventStore:
         if url is None:
             server = EmbeddedServer(settings.storage_dir, sync_always=settings.sync_always).start()
             url = server.url
+        closing: list[NATS] = []
+
+        async def on_disconnected() -> None:
+            if not (closing and closing[0].is_closed):
+                log.warning("Disconnected from NATS; reconnecting")
+
+        # Give up on the first connection after about request_timeout_s; once
+        # connected, reconnect forever (see below).
+        first_attempts = max(1, int(settings.request_timeout_s / 0.2))
         options: dict[str, Any] = {
             "name": settings.connect_name,
-            "max_reconnect_attempts": -1,
+            "max_reconnect_attempts": first_attempts,
             "reconnect_time_wait": 0.2,
             "connect_timeout": settings.request_timeout_s,
             "allow_reconnect": True,
+            "error_cb": _on_error,
+            "disconnected_cb": on_disconnected,
+            "reconnected_cb": _on_reconnected,
         }
         options.update(connect_options)
         try:
@@ -137,8 +162,11 @@ class EventStore:
             if server:
                 server.close()
             raise ServerUnavailableError(
-                f"Could not connect to NATS at {url}: {exc}. Start a server, or fix NATS_URL."
+                f"Could not connect to NATS at {url}: {exc or type(exc).__name__}. Start a server, or fix NATS_URL."
             ) from exc
+        closing.append(nc)
+        if "max_reconnect_attempts" not in connect_options:
+            nc.options["max_reconnect_attempts"] = -1
         store = cls(nc, settings, registry, server=server)
         if create_stream:
             await store.ensure_stream()
@@ -148,7 +176,14 @@ class EventStore:
         """Close the connection (and stop the embedded server, if this store started one)."""
         await self._inbox.close()
         if not self.nc.is_closed:
-            await self.nc.drain()
+            try:
+                if self.nc.is_connected:
+                    await self.nc.drain()
+            except (NatsError, asyncio.TimeoutError, OSError):
+                pass  # a connection that is down or reconnecting has nothing to drain
+            finally:
+                with contextlib.suppress(NatsError, asyncio.TimeoutError, OSError):
+                    await self.nc.close()
         if self.server is not None:
             self.server.close()
 

@@ -1,0 +1,112 @@
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from eventstore import EmbeddedServer, EventStore, EventStoreSettings, ServerUnavailableError, StreamConfigError
+
+from ..conftest import unique_settings
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); look at its state.
+    state = Path(f"/proc/{pid}/stat").read_text().split()[2] if Path(f"/proc/{pid}/stat").exists() else "X"
+    return state not in ("Z", "X")
+
+
+def test_embedded_server_restarts_on_the_same_port_and_storage(tmp_path: Path) -> None:
+    server = EmbeddedServer(tmp_path)
+    server.start()
+    port, first_pid = server.port, server.pid
+    server.restart()
+    assert server.port == port and server.pid != first_pid and server.running
+    server.kill()
+    assert not server.running
+    server.start()
+    assert server.running and (tmp_path / "jetstream").is_dir()
+    server.close()
+    assert tmp_path.exists()  # a directory we were given is never deleted
+
+
+def test_server_dies_with_a_killed_parent(tmp_path: Path) -> None:
+    script = textwrap.dedent(
+        f"""
+        import sys, time
+        sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
+        from eventstore import EmbeddedServer
+        server = EmbeddedServer({str(tmp_path)!r}).start()
+        print(server.pid, flush=True)
+        time.sleep(60)
+        """
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    pid = int(parent.stdout.readline())
+    assert _alive(pid)
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 5
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pid), "nats-server outlived the process that started it"
+
+
+async def test_connect_without_url_starts_and_stops_an_embedded_server(tmp_path: Path) -> None:
+    store = await EventStore.connect(EventStoreSettings(storage_dir=tmp_path))
+    assert store.server is not None and store.server.running
+    server = store.server
+    await store.close()
+    assert not server.running
+
+
+async def test_unreachable_server_raises_a_clear_error() -> None:
+    port = EmbeddedServer().port  # a free port nobody listens on
+    with pytest.raises(ServerUnavailableError, match="Could not connect"):
+        await EventStore.connect(EventStoreSettings(nats_url=f"nats://127.0.0.1:{port}", request_timeout_s=0.5))
+
+
+def test_nats_url_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NATS_URL", "nats://example:4222")
+    monkeypatch.setenv("JETSOURCING_STREAM", "ORDERS")
+    settings = EventStoreSettings()
+    assert (settings.nats_url, settings.stream) == ("nats://example:4222", "ORDERS")
+    assert EventStoreSettings(stream="X").stream == "X"  # explicit beats environment
+
+
+async def test_stream_is_created_once_with_event_store_settings(nats_url: str) -> None:
+    settings = unique_settings(nats_url)
+    store = await EventStore.connect(settings)
+    try:
+        await store.ensure_stream()  # idempotent
+        info = await store.nc.jetstream().stream_info(settings.stream)
+        config = info.config
+        assert config.deny_delete and config.deny_purge and config.allow_direct and config.allow_atomic
+        assert config.subjects == [f"{settings.subject_prefix}.>"]
+        assert config.duplicate_window == 120
+        assert (config.max_msgs, config.max_bytes) == (-1, -1) and not config.max_age
+    finally:
+        await store.close()
+
+
+async def test_incompatible_existing_stream_is_refused_not_changed(nats_url: str) -> None:
+    settings = unique_settings(nats_url)
+    store = await EventStore.connect(settings, create_stream=False)
+    try:
+        js = store.nc.jetstream()
+        await js.add_stream(name=settings.stream, subjects=[f"{settings.subject_prefix}.>"], max_msgs=10)
+        with pytest.raises(StreamConfigError, match="deny_delete.*allow_direct|discard policy"):
+            await store.ensure_stream()
+        assert (await js.stream_info(settings.stream)).config.max_msgs == 10  # untouched
+    finally:
+        await store.close()
