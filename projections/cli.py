@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib
 import json
 import logging
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -29,10 +31,10 @@ from typing import Any
 from eventstore import EventStoreSettings
 
 from .daemon import run_daemon
-from .errors import ProjectionError, ProjectionLoadError
+from .errors import ProjectionError, ProjectionLoadError, RebuildError
 from .progress import progress_for
 from .projection import ErrorPolicy, Projection
-from .rebuild import rebuild
+from .rebuild import RebuildResult, rebuild
 from .settings import ProjectionSettings
 from .status import format_status, read_status
 
@@ -108,6 +110,19 @@ def _settings(args: argparse.Namespace) -> ProjectionSettings:
     return ProjectionSettings(**values)
 
 
+async def _rebuild_until_signal(projection: Projection, settings: ProjectionSettings) -> RebuildResult:
+    """Rebuild; SIGINT/SIGTERM cancel it cleanly (the shadow is dropped, readers keep the old model)."""
+    task = asyncio.ensure_future(rebuild(projection, settings, progress=progress_for(f"rebuild {projection.name}")))
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, task.cancel)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        raise RebuildError(f"Rebuild of {projection.name!r} cancelled; readers still see the old model.") from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``jetsourcing`` console script; returns the exit code."""
     args = _parser().parse_args(argv)
@@ -119,13 +134,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_daemon(projections, settings, until_caught_up=args.until_caught_up)
         if args.command == "rebuild":
             projection = load_projection(args.projection)
-            result = asyncio.run(
-                rebuild(projection, settings, progress=progress_for(f"rebuild {projection.name}"))
-            )
+            result = asyncio.run(_rebuild_until_signal(projection, settings))
             print(f"{result.projection}: generation {result.generation} is live at checkpoint {result.checkpoint} "
                   f"({result.events} events in {result.seconds:.1f}s, {result.events_per_s:,.0f} events/s, "
                   f"{result.dead_lettered} dead-lettered)")
             return 0
+        if not settings.database.exists():
+            print(f"jetsourcing: no read-model database at {settings.database} (set --db or JETSOURCING_DATABASE).",
+                  file=sys.stderr)
+            return 1
         statuses = asyncio.run(read_status(settings))
         if args.json:
             print(json.dumps([s.as_dict() for s in statuses], indent=2))

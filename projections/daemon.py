@@ -76,6 +76,10 @@ class _Reload(Exception):
     """Internal: the live generation changed under the runner; claim it again."""
 
 
+class _Stopped(Exception):
+    """Internal: asked to stop while preparing (e.g. during an automatic rebuild)."""
+
+
 class ProjectionRunner:
     """Runs one projection until stopped (see the module docs). Not reusable."""
 
@@ -145,6 +149,9 @@ class ProjectionRunner:
         while True:
             try:
                 writer = await self._claim(store, lease)
+            except _Stopped:
+                store.set_state(self.name, RunState.STOPPED, owner=self.owner, counters=self.counters.as_dict())
+                return Outcome.STOPPED
             except ReadModelMismatchError as exc:
                 log.error("%s", exc)
                 store.set_state(self.name, RunState.ERROR, owner=self.owner, error={"error": str(exc), "at": time.time()})
@@ -154,7 +161,7 @@ class ProjectionRunner:
             except _Reload:
                 self.counters.conflicts += 1
                 writer.close()
-                if lease.lost.is_set():
+                if lease.lost.is_set() or not await lease.confirm():
                     return None
                 log.info("%s: the read model moved under this daemon (rebuild switch?); reloading.", self.name)
 
@@ -169,8 +176,19 @@ class ProjectionRunner:
                 )
             log.info("%s: read model is version %d, code is version %d: rebuilding (readers keep the old model).",
                      self.name, gen.version, self.projection.version)
-            await rebuild(self.projection, self.settings, event_store=self.es, store=store, kv=self.kv,
-                          owner=self.owner, progress=progress_for(f"rebuild {self.name}"))
+            rebuilding = asyncio.ensure_future(
+                rebuild(self.projection, self.settings, event_store=self.es, store=store, kv=self.kv,
+                        owner=self.owner, progress=progress_for(f"rebuild {self.name}"))
+            )
+            stopping = asyncio.ensure_future(self.stop_event.wait())
+            await asyncio.wait({rebuilding, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            stopping.cancel()
+            if not rebuilding.done():
+                rebuilding.cancel()  # the half-built generation is dropped; readers keep the old model
+                with contextlib.suppress(asyncio.CancelledError):
+                    await rebuilding
+                raise _Stopped
+            rebuilding.result()
             gen = store.claim(self.name, self.owner)
             problem = self._mismatch(gen)
         if problem:

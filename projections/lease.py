@@ -125,6 +125,22 @@ class Lease:
                 await asyncio.wait_for(stop.wait(), min(self.ttl_s / 4, 1.0))
         return False
 
+    async def confirm(self) -> bool:
+        """Renew now and return whether the lease is still ours (False also sets :attr:`lost`).
+
+        Used before re-claiming a read model after a checkpoint conflict, so two
+        daemons never take a read model from each other in turns.
+        """
+        if not self.held:
+            return False
+        try:
+            self.revision = await self.kv.update(self.key, self.owner.encode(), last=self.revision)
+            return True
+        except KeyWrongLastSequenceError:
+            log.warning("%s: lease lost; stopping work on it.", self.key)
+            self.lost.set()
+            return False
+
     async def _keep_alive(self) -> None:
         interval = self.ttl_s / 3
         while True:

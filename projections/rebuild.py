@@ -165,6 +165,9 @@ async def _rebuild(
                 counters.skipped += events.skipped
                 applier.apply(events.events, through=events.last_position)
                 progress.update(writer.checkpoint)
+                # Buffered batches arrive without a real suspension: let other tasks (lease keep-alive,
+                # other projections, signals) run between batches.
+                await asyncio.sleep(0)
             applier.advance(upto)
             progress.update(writer.checkpoint)
             # The shadow has every event up to `upto`: switch if that covers what the live model has applied.

@@ -65,6 +65,7 @@ CREATE TABLE IF NOT EXISTS _jetsourcing_meta (
 CREATE TABLE IF NOT EXISTS _jetsourcing_projections (
     name TEXT PRIMARY KEY,
     generation INTEGER NOT NULL,
+    last_generation INTEGER NOT NULL,
     state TEXT NOT NULL,
     owner TEXT,
     counters TEXT,
@@ -301,7 +302,8 @@ class SqliteStore(ReadModelStore):
                 (projection.name, projection.version, json.dumps(projection.describe()), stream, now),
             )
             self.conn.execute(
-                "INSERT INTO _jetsourcing_projections (name, generation, state, updated_at) VALUES (?, 1, ?, ?)",
+                "INSERT INTO _jetsourcing_projections (name, generation, last_generation, state, updated_at) "
+                "VALUES (?, 1, 1, ?, ?)",
                 (projection.name, RunState.NEW.value, now),
             )
             created = self._gen(projection.name, 1)
@@ -332,7 +334,13 @@ class SqliteStore(ReadModelStore):
             top = self.conn.execute(
                 "SELECT max(generation) FROM _jetsourcing_generations WHERE projection = ?", (projection.name,)
             ).fetchone()[0]
-            generation = (top or 0) + 1
+            allocated = self.conn.execute(
+                "SELECT last_generation FROM _jetsourcing_projections WHERE name = ?", (projection.name,)
+            ).fetchone()
+            generation = max(top or 0, allocated[0] if allocated else 0) + 1
+            self.conn.execute(
+                "UPDATE _jetsourcing_projections SET last_generation = ? WHERE name = ?", (generation, projection.name)
+            )
             for row in self.conn.execute(
                 f"SELECT {_GEN_COLUMNS} FROM _jetsourcing_generations WHERE projection = ? AND state != 'live'",
                 (projection.name,),
@@ -376,8 +384,9 @@ class SqliteStore(ReadModelStore):
             )
             if live is None:
                 self.conn.execute(
-                    "INSERT INTO _jetsourcing_projections (name, generation, state, updated_at) VALUES (?, ?, ?, ?)",
-                    (name, current.generation, RunState.NEW.value, time.time()),
+                    "INSERT INTO _jetsourcing_projections (name, generation, last_generation, state, updated_at) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    (name, current.generation, current.generation, RunState.NEW.value, time.time()),
                 )
             else:
                 self.conn.execute(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import sqlite3
 import subprocess
 from pathlib import Path
@@ -19,6 +20,7 @@ from projection_examples import (
     AccountBalancesV2,
     Deposited,
     RecordedEvent,
+    SlowBalances,
     Transaction,
     append_workload,
     workload,
@@ -177,3 +179,38 @@ async def test_two_rebuilds_at_once_are_refused(es: EventStore, psettings: Proje
     finally:
         proc.kill()
         proc.wait()
+
+
+async def test_sigterm_cancels_a_rebuild_and_stopping_a_daemon_cancels_its_auto_rebuild(
+    es: EventStore, psettings: ProjectionSettings
+) -> None:
+    await append_workload(es, workload(1500, accounts=100))
+    await burst([AccountBalances()], psettings, es)
+    before = dump(psettings, "account_balances")
+
+    def building() -> int:
+        with SqliteStore(psettings.database) as store:
+            [s] = store.statuses()
+            return s.building.checkpoint if s.building else 0
+
+    proc = spawn(psettings, "rebuild", "projection_examples:SlowBalances", "--batch-size", "50",
+                 stderr=subprocess.PIPE)
+    await wait_until(lambda: building() > 0, 20, "the rebuild to make progress")
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = await asyncio.to_thread(proc.communicate, timeout=30)
+    assert proc.returncode == 1 and b"cancelled; readers still see the old model" in stderr
+    assert building() == 0 and not any(t.endswith("__g2") for t in tables_in(psettings.database))
+    assert dump(psettings, "account_balances") == before
+
+    small_batches = psettings.model_copy(update={"rebuild_batch_size": 50})
+    daemon = Daemon([SlowBalances()], small_batches, event_store=es)  # version 2: rebuilds on start
+    running = asyncio.create_task(daemon.run())
+    await wait_until(lambda: building() > 0, 20, "the automatic rebuild to make progress")
+    daemon.stop()
+    assert await running == {"account_balances": Outcome.STOPPED}
+    [status] = await read_status(psettings, event_store=es)
+    assert (status.version, status.generation, status.rebuild, status.state) == (1, 1, None, "stopped")
+    assert dump(psettings, "account_balances") == before
+    assert {t for t in tables_in(psettings.database) if "__g" in t} == {"balances__g1", "closures__g1"}
+    result = await rebuild(AccountBalancesV2(), psettings, event_store=es)
+    assert result.generation == 4  # numbers are never reused, even those of abandoned rebuilds
