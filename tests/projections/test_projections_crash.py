@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from eventstore import EmbeddedServer, EventStore, StreamId
-from projections import Daemon, MemoryStore, Outcome, ProjectionSettings, SqliteStore, fold
+from projections import Daemon, MemoryStore, Outcome, ProjectionSettings, SqliteStore, fold, read_status
 
 from projection_examples import ACCOUNT, AccountBalances, Deposited, Movements, append_workload, register_all, workload
 from projection_helpers import checkpoint, clean_rebuild, cli, cli_env, make_settings, memory_fold, wait_until
@@ -67,6 +67,10 @@ async def test_kill_9_at_random_points_while_20000_events_are_appended(
                 assert store.dump(name) == await incremental.up_to(position), f"{name} after kill {kills}"
     await writer
     assert max(checkpoints.values()) > 0
+    # A killed daemon leaves "running" behind; status calls it stale once the heartbeat is old enough.
+    await asyncio.sleep(0.6)
+    statuses = await read_status(settings.model_copy(update={"stale_after_s": 0.5}), event_store=es)
+    assert {s.state for s in statuses} == {"stale"}
 
     # Restart: resume from the checkpoints and catch up (burst mode, production code path).
     done = await asyncio.to_thread(
