@@ -43,7 +43,7 @@ from .errors import (
     StreamConfigError,
 )
 from .events import ANY, NO_STREAM, AppendResult, ExpectedVersion, StreamState
-from .inbox import BatchInbox
+from .inbox import Inbox
 from .registry import TypeRegistry
 from .settings import EventStoreSettings
 from .streams import StreamId
@@ -83,6 +83,7 @@ class _Commit:
     payloads: list[bytes]
     prev_version: int = 0
     prev_position: int = 0
+    stored_count: int | None = None  # set when adopting a commit stored by an earlier call
 
     def encode(self, recorded_at: str, correlation_id: str | None, causation_id: str | None) -> tuple[dict[str, str], bytes]:
         headers, body = encode_commit(
@@ -100,9 +101,8 @@ class _Commit:
         return headers, body
 
     def result(self, position: int, duplicate: bool) -> AppendResult:
-        return AppendResult(
-            self.request.stream_id, position, self.prev_version + 1, self.prev_version + len(self.payloads), duplicate
-        )
+        count = len(self.payloads) if self.stored_count is None else self.stored_count
+        return AppendResult(self.request.stream_id, position, self.prev_version + 1, self.prev_version + count, duplicate)
 
 
 class _Conflict(Exception):
@@ -113,7 +113,7 @@ class Appender:
     """Writes commits; one per event store connection. See the module docs for the guarantees."""
 
     def __init__(
-        self, nc: NATS, inbox: BatchInbox, settings: EventStoreSettings, registry: TypeRegistry, cache_size: int = 100_000
+        self, nc: NATS, inbox: Inbox, settings: EventStoreSettings, registry: TypeRegistry, cache_size: int = 100_000
     ) -> None:
         self._nc = nc
         self._inbox = inbox
@@ -137,7 +137,10 @@ class Appender:
     async def direct_get(self, payload: dict[str, object]) -> list[Msg]:
         """One direct get batch request; returns the data messages (the trailing status is dropped)."""
         msgs = await self._inbox.request(
-            f"$JS.API.DIRECT.GET.{self._settings.stream}", json.dumps(payload).encode(), self._settings.request_timeout_s
+            f"$JS.API.DIRECT.GET.{self._settings.stream}",
+            json.dumps(payload).encode(),
+            self._settings.request_timeout_s,
+            many=True,
         )
         status = (msgs[-1].headers or {}).get(Header.STATUS, "")
         if status not in ("204", "404"):
@@ -224,8 +227,13 @@ class Appender:
         self._check_size(commits)
         while True:
             try:
-                await asyncio.gather(*(self._resolve_previous(c) for c in commits))
+                if single:  # no gather: a task per append costs more than the lookup it would overlap
+                    await self._resolve_previous(commits[0])
+                else:
+                    await asyncio.gather(*(self._resolve_previous(c) for c in commits))
                 positions, duplicate = await self._publish(commits, append_id, correlation_id, causation_id)
+                if duplicate:  # the server's duplicate ack: versions come from the stored commits
+                    positions = await self._read_stored(commits, positions)
             except _Conflict:
                 stored = await self._find_stored(commits)
                 if stored is not None:
@@ -269,10 +277,10 @@ class Appender:
             try:
                 for c, (headers, body) in zip(commits[:-1], encoded[:-1]):
                     await self._nc.publish(c.subject, body, headers=headers)
-                reply = await self._nc.request(
-                    commits[-1].subject, encoded[-1][1], timeout=self._settings.request_timeout_s, headers=encoded[-1][0]
+                (reply,) = await self._inbox.request(
+                    commits[-1].subject, encoded[-1][1], self._settings.request_timeout_s, headers=encoded[-1][0]
                 )
-            except (NatsError, asyncio.TimeoutError) as exc:
+            except (NatsError, ServerUnavailableError) as exc:
                 if attempt + 1 < attempts:
                     await asyncio.sleep(0.05 * 2**attempt)
                     continue  # resend: the msg ids make a resend safe
@@ -280,11 +288,16 @@ class Appender:
                     f"The server did not acknowledge the append to {commits[-1].request.stream_id} after {attempts} "
                     "tries. It may or may not be stored; retry with the same idempotency key to find out safely."
                 ) from exc
-            return self._parse_ack(reply.data, commits)
+            return self._parse_ack(reply, commits)
         raise AssertionError("unreachable")
 
-    def _parse_ack(self, data: bytes, commits: list[_Commit]) -> tuple[list[int], bool]:
-        ack = json.loads(data)
+    def _parse_ack(self, reply: Msg, commits: list[_Commit]) -> tuple[list[int], bool]:
+        if not reply.data and reply.headers and reply.headers.get(Header.STATUS) == "503":
+            raise StreamConfigError(
+                f"No stream stores {commits[-1].subject!r}: create the event store's stream "
+                f"({self._settings.stream!r}) with EventStore.ensure_stream(), or check subject_prefix."
+            )
+        ack = json.loads(reply.data)
         error = ack.get("error")
         if error is None:
             last = int(ack["seq"])
@@ -318,10 +331,25 @@ class Appender:
                 ]
             if not msgs or (msgs[0].headers or {}).get(Header.MSG_ID) != c.msg_id:
                 return None
-            headers = msgs[0].headers or {}
-            c.prev_version = int(headers[Header.VERSION]) - len(c.payloads)
-            positions.append(int(headers[Header.SEQUENCE]))
+            positions.append(self._adopt_stored(c, msgs[0]))
         return positions
+
+    async def _read_stored(self, commits: list[_Commit], positions: list[int]) -> list[int]:
+        """Adopt the versions of commits the server reported as duplicates (stored by an earlier call)."""
+        for c, position in zip(commits, positions):
+            msgs = await self.direct_get({"seq": position, "next_by_subj": c.subject, "batch": 1})
+            if not msgs:
+                raise EventStoreError(f"The server reported a duplicate at position {position}, but it cannot be read.")
+            self._adopt_stored(c, msgs[0])
+        return positions
+
+    @staticmethod
+    def _adopt_stored(c: _Commit, msg: Msg) -> int:
+        """Make the commit describe the stored message (a retry may differ in its event count); its position."""
+        headers = msg.headers or {}
+        c.stored_count = headers[Header.TYPE].count(",") + 1
+        c.prev_version = int(headers[Header.VERSION]) - c.stored_count
+        return int(headers[Header.SEQUENCE])
 
     async def _exact_conflict(self, commits: list[_Commit]) -> bool:
         for c in commits:

@@ -1,8 +1,11 @@
-"""Requests whose answer is a stream of messages ending in a status message (JetStream direct get batch).
+"""Request/reply over one wildcard subscription per connection.
 
-nats-py has no helper for these; one wildcard subscription per connection
-routes each reply to the request that asked for it, so a request costs one
-publish and no SUB/UNSUB round of its own.
+nats-py's ``request`` creates a future and an ``asyncio.wait_for`` per call,
+and has no helper for requests answered by a stream of messages (JetStream
+direct get batch). :class:`Inbox` serves both: every reply subject is
+``<inbox>.<token>``, one subscription callback routes replies to the waiting
+request, and a timer handle (cheaper than ``wait_for``) fails requests that get
+no answer in time.
 """
 
 from __future__ import annotations
@@ -16,16 +19,18 @@ from nats.errors import Error as NatsError
 
 from .errors import ServerUnavailableError
 
-__all__ = ["BatchInbox"]
+__all__ = ["Inbox"]
 
 
-class BatchInbox:
-    """Sends requests and collects every reply message up to and including the terminating status message."""
+class Inbox:
+    """Sends requests on one connection and routes their replies back."""
 
     def __init__(self, nc: NATS) -> None:
         self._nc = nc
         self._prefix = nc.new_inbox()
-        self._pending: dict[str, tuple[list[Msg], asyncio.Future[list[Msg]]]] = {}
+        self._cut = len(self._prefix) + 1
+        # token -> (messages so far, future, wants many messages)
+        self._pending: dict[str, tuple[list[Msg], asyncio.Future[list[Msg]], bool]] = {}
         self._sub: Subscription | None = None
         self._counter = 0
         self._lock = asyncio.Lock()
@@ -34,42 +39,54 @@ class BatchInbox:
         if self._sub is None:
             async with self._lock:
                 if self._sub is None:
-                    self._sub = await self._nc.subscribe(f"{self._prefix}.*", cb=self._on_msg, pending_msgs_limit=-1)
+                    self._sub = await self._nc.subscribe(
+                        f"{self._prefix}.*", cb=self._on_msg, pending_msgs_limit=-1, pending_bytes_limit=-1
+                    )
 
     async def _on_msg(self, msg: Msg) -> None:
-        token = msg.subject[len(self._prefix) + 1 :]
-        entry = self._pending.get(token)
+        entry = self._pending.get(msg.subject[self._cut :])
         if entry is None:
             return
-        msgs, future = entry
+        msgs, future, many = entry
         msgs.append(msg)
-        headers = msg.headers
-        if headers and "Status" in headers and not future.done():
+        if future.done():
+            return
+        if not many or (msg.headers and "Status" in msg.headers):
             future.set_result(msgs)
 
-    async def request(self, subject: str, payload: bytes, timeout_s: float) -> list[Msg]:
-        """Publish ``payload`` to ``subject`` and return the replies; the last one is the status message."""
+    async def request(
+        self, subject: str, payload: bytes, timeout_s: float, *, headers: dict[str, str] | None = None, many: bool = False
+    ) -> list[Msg]:
+        """Publish and wait for the reply (``many=False``) or for every reply up to a status message."""
         await self._ensure_subscribed()
         self._counter += 1
         token = str(self._counter)
-        future: asyncio.Future[list[Msg]] = asyncio.get_running_loop().create_future()
-        self._pending[token] = ([], future)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[list[Msg]] = loop.create_future()
+        self._pending[token] = ([], future, many)
+        timer = loop.call_later(timeout_s, _expire, future)
         try:
-            await self._nc.publish(subject, payload, reply=f"{self._prefix}.{token}")
-            return await asyncio.wait_for(future, timeout_s)
-        except (asyncio.TimeoutError, NatsError):
+            await self._nc.publish(subject, payload, reply=f"{self._prefix}.{token}", headers=headers)
+            return await future
+        except (asyncio.TimeoutError, NatsError) as exc:
             raise ServerUnavailableError(
-                f"No complete answer to {subject} within {timeout_s}s. Check that the NATS server is "
-                "running and reachable, or raise request_timeout_s."
-            ) from None
+                f"No answer to {subject} within {timeout_s}s ({exc or type(exc).__name__}). Check that the NATS "
+                "server is running and reachable, or raise request_timeout_s."
+            ) from exc
         finally:
-            self._pending.pop(token, None)
+            timer.cancel()
+            del self._pending[token]
 
     async def close(self) -> None:
-        """Drop the subscription; pending requests fail with their timeout."""
+        """Drop the subscription; requests still waiting fail with their timeout."""
         if self._sub is not None:
             sub, self._sub = self._sub, None
             try:
                 await sub.unsubscribe()
             except Exception:  # noqa: BLE001 - closing a dead connection must not raise
                 pass
+
+
+def _expire(future: asyncio.Future[list[Msg]]) -> None:
+    if not future.done():
+        future.set_exception(asyncio.TimeoutError())

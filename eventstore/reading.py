@@ -40,6 +40,8 @@ class Reader:
         self._settings = settings
         self._registry = registry
         self._prefix = settings.subject_prefix
+        # Subjects seen while replaying, so each entity's StreamId is parsed once.
+        self._streams: dict[str, StreamId] = {}
 
     def filter_subjects(self, categories: Sequence[str] | None) -> list[str]:
         """The subject filters for ``categories`` (all events when None)."""
@@ -134,12 +136,13 @@ class Reader:
 
     def _decode_batch(self, stored: list[StoredMsg]) -> list[RecordedEvent]:
         out: list[RecordedEvent] = []
-        prefix, registry = self._prefix, self._registry
-        streams: dict[str, StreamId] = {}
+        registry, streams = self._registry, self._streams
         for seq, msg in stored:
             stream_id = streams.get(msg.subject)
             if stream_id is None:
-                stream_id = streams[msg.subject] = StreamId.from_subject(msg.subject, prefix)
+                if len(streams) > 100_000:
+                    streams.clear()
+                stream_id = streams[msg.subject] = StreamId.from_subject(msg.subject, self._prefix)
             out.extend(decode_commit(stream_id, seq, msg.headers, msg.data, registry))
         return out
 

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-import nats
 from nats.aio.client import Client as NATS
 from nats.errors import Error as NatsError
 from nats.errors import NoServersError
@@ -34,9 +33,10 @@ from nats.js.errors import NotFoundError
 from pydantic import BaseModel
 
 from .append import Appender, EntityAppend
+from .connection import connect as connect_nats
 from .errors import ServerUnavailableError, StreamConfigError
 from .events import ANY, AppendResult, ExpectedVersion, RecordedEvent, StreamState
-from .inbox import BatchInbox
+from .inbox import Inbox
 from .reading import Reader
 from .registry import TypeRegistry
 from .server import EmbeddedServer
@@ -98,7 +98,7 @@ class EventStore:
         self.settings = settings or EventStoreSettings()
         self.registry = registry or TypeRegistry()
         self.server = server
-        self._inbox = BatchInbox(nc)
+        self._inbox = Inbox(nc)
         self._appender = Appender(nc, self._inbox, self.settings, self.registry)
         self._reader = Reader(nc, self._appender, self.settings, self.registry)
 
@@ -157,7 +157,7 @@ class EventStore:
         }
         options.update(connect_options)
         try:
-            nc = await nats.connect(url.split(","), **options)
+            nc = await connect_nats(url.split(","), **options)
         except (NoServersError, OSError, asyncio.TimeoutError, NatsError) as exc:
             if server:
                 server.close()

@@ -15,7 +15,7 @@ Every entity has its own subject, ``<prefix>.<Category>.<entity id>``.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import unquote
 
 from .errors import InvalidStreamIdError
@@ -73,14 +73,15 @@ class StreamId:
 
     category: str
     entity_id: str
+    _token: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         validate_category(self.category)
-        encode_entity_id(self.entity_id)
+        object.__setattr__(self, "_token", encode_entity_id(self.entity_id))
 
     def subject(self, prefix: str) -> str:
         """The NATS subject holding this entity's events under ``prefix`` (e.g. ``events``)."""
-        return f"{prefix}.{self.category}.{encode_entity_id(self.entity_id)}"
+        return f"{prefix}.{self.category}.{self._token}"
 
     @classmethod
     def from_subject(cls, subject: str, prefix: str) -> "StreamId":
@@ -88,7 +89,12 @@ class StreamId:
         category, _, token = subject[len(prefix) + 1 :].partition(".")
         if not subject.startswith(prefix + ".") or not category or not token:
             raise InvalidStreamIdError(f"Subject {subject!r} is not an event subject under {prefix!r}.")
-        return cls(category, decode_entity_id(token))
+        # Subjects were validated when written: skip validation on this hot read path.
+        stream_id = object.__new__(cls)
+        object.__setattr__(stream_id, "category", category)
+        object.__setattr__(stream_id, "entity_id", decode_entity_id(token))
+        object.__setattr__(stream_id, "_token", token)
+        return stream_id
 
     @classmethod
     def parse(cls, text: str) -> "StreamId":

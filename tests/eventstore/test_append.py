@@ -191,3 +191,14 @@ async def test_bad_input_is_refused_before_anything_is_sent(store: EventStore) -
     with pytest.raises(EventTooLargeError, match="max_payload"):
         await store.append(ACCOUNT, [Note(text="x" * (store.nc.max_payload + 1))], NO_STREAM)
     assert (await store.info()).commits == 0
+
+
+async def test_a_duplicate_reports_the_versions_of_the_first_write(store: EventStore) -> None:
+    await store.append(ACCOUNT, [Opened(owner="alice")], NO_STREAM)
+    first = await store.append(ACCOUNT, [Deposited(amount=1), Deposited(amount=2)], 1, idempotency_key="k")
+    # Retried at the version the first write produced: the server answers "duplicate".
+    again = await store.append(ACCOUNT, [Deposited(amount=1), Deposited(amount=2)], 3, idempotency_key="k")
+    assert again.duplicate
+    assert (again.position, again.first_version, again.last_version) == (first.position, 2, 3)
+    # The store's own idea of the entity is still right: the next append lands at version 4.
+    assert (await store.append(ACCOUNT, [Deposited(amount=3)], ANY)).last_version == 4
