@@ -5,10 +5,13 @@ projection: handlers and declared tables), then ``tables.py`` and
 ``transaction.py`` (the backend-neutral API handlers write through, and the
 in-memory store Spark folds into), ``store.py`` (what a read-model backend
 must guarantee) and ``sqlite.py`` (the embedded backend: generations, views,
-checkpoint compare-and-set), ``applier.py`` (batches, exactly once, error
+checkpoint compare-and-set), ``source.py`` (reading whole commits, skipping
+unhandled ones undecoded), ``applier.py`` (batches, exactly once, error
 policies), ``daemon.py`` (runners, leases from ``lease.py``, signals),
 ``rebuild.py`` (shadow replay and atomic switch), ``status.py``, ``cli.py``,
-``progress.py``, ``settings.py`` and ``errors.py``.
+``progress.py``, ``settings.py``, ``connection.py`` and ``errors.py``.
+``reactors.py`` (side effects, not read models) is a separate family; see
+the section marked ``# reactors`` below.
 """
 
 from .applier import Counters
