@@ -26,7 +26,7 @@ from typing import Any
 
 from eventstore import RecordedEvent
 
-from .errors import HandlerError, ProjectionStoppedError
+from .errors import CheckpointConflictError, HandlerError, ProjectionStoppedError
 from .projection import ErrorPolicy, Projection
 from .store import DeadLetter, Writer
 
@@ -120,6 +120,13 @@ class Applier:
                     applied += 1
         except Exception as exc:  # noqa: BLE001 - any handler failure is reported, never swallowed
             tx.rollback()
+            if not self.writer.touch():
+                # Not the event's fault: the generation was switched away (its tables may be gone) or
+                # another writer took over. Reload instead of blaming the event.
+                raise CheckpointConflictError(
+                    f"{self.projection.name}: generation {self.writer.generation.generation} is no longer this "
+                    f"writer's (handler error on the way: {type(exc).__name__}: {exc})."
+                ) from exc
             index = next(k for k, e in enumerate(events) if e is event)
             return index, self._error(event, exc)
         checkpoint = events[-1].position

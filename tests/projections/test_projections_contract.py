@@ -11,11 +11,15 @@ from typing import Any, Protocol
 
 import pytest
 
-from projections import MemoryStore, RowError, SqliteStore, Table
+from eventstore import RecordedEvent, StreamId, TypeRegistry
+from projections import ErrorPolicy, MemoryStore, RowError, SqliteStore, Table
+from projections.applier import Applier, Counters
 from projections.errors import CheckpointConflictError
 from projections.projection import Projection
 from projections.store import Writer
 from projections.transaction import BufferedTransaction
+
+from projection_examples import AccountBalances
 
 
 class Example(Projection):
@@ -249,3 +253,28 @@ def test_sqlite_raw_sql_escape_hatch_runs_in_the_batch_transaction(tmp_path: Pat
     assert b.committed("people", "a")["age"] == 99  # type: ignore[index]
     assert b.begin().get("people", "a")["age"] == 99  # type: ignore[index]
     b.store.close()
+
+
+def test_a_handler_failing_because_its_generation_was_switched_away_is_a_conflict_not_a_poison_event(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "switch.sqlite3"
+    projection = AccountBalances()
+    projection.bind(TypeRegistry())
+    live_store = SqliteStore(path)
+    live_store.ensure_live(projection, "S")
+    writer = live_store.writer(live_store.claim(projection.name, "daemon"), "daemon")
+    applier = Applier(projection, writer, ErrorPolicy.DEAD_LETTER, Counters())
+
+    def deposit(position: int) -> RecordedEvent:
+        return RecordedEvent(position, 0, StreamId("Account", f"a{position}"), 1, "Deposited", 1, "id", b'{"amount":1}',
+                             "2025-01-01T00:00:00+00:00", registry=None)
+
+    with SqliteStore(path) as rebuild_store:  # another process rebuilds and switches; gen 1's tables are dropped
+        shadow = rebuild_store.create_shadow(projection, "S", "rebuild", 0)
+        assert rebuild_store.switch(shadow)
+    # The handler's get() now fails on the dropped table (or .data without a registry): not the event's fault.
+    with pytest.raises(CheckpointConflictError):
+        applier.apply([deposit(1)])
+    assert live_store.dead_letters(projection.name) == []
+    live_store.close()
