@@ -116,7 +116,7 @@ def decode_commit(
             return [
                 RecordedEvent(
                     position, 0, stream_id, last_version, types, int(headers[Header.SCHEMA_VERSION]),
-                    headers[Header.EVENT_ID], body, recorded_at, correlation_id, causation_id, registry,
+                    headers[Header.EVENT_ID], body, recorded_at, correlation_id, causation_id, registry, [],
                 )
             ]
         type_list = types.split(",")
@@ -130,7 +130,7 @@ def decode_commit(
         return [
             RecordedEvent(
                 position, i, stream_id, first + i, type_list[i], int(schemas[i]), ids[i], payloads[i],
-                recorded_at, correlation_id, causation_id, registry,
+                recorded_at, correlation_id, causation_id, registry, [],
             )
             for i in range(count)
         ]
