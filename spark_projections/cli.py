@@ -49,7 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _check() -> int:
     # Imported here so `--help` stays instant and never touches Spark.
-    from spark_projections.delta import full_rebuild, recorded_position
+    from spark_projections.delta import full_rebuild
     from spark_projections.java import check_java
     from spark_projections.session import SparkSettings, spark_session
 
@@ -61,9 +61,8 @@ def _check() -> int:
     with tempfile.TemporaryDirectory(prefix="jetsourcing-check-") as tmp:
         table = Path(tmp) / "check"
         frame = spark.createDataFrame([(1, "ok")], "id BIGINT, status STRING")
-        full_rebuild(frame, table, app_id="jetsourcing-check", position=1)
+        written = full_rebuild(frame, table, app_id="jetsourcing-check", position=1)
         rows = spark.read.format("delta").load(str(table)).collect()
-        position = recorded_position(spark, table, "jetsourcing-check")
     jars = spark.sparkContext.getConf().get("spark.jars") or ""
     print(f"java: {java.version} ({java.executable})")
     print(f"spark: {spark.version} master={spark.sparkContext.master}")
@@ -73,7 +72,7 @@ def _check() -> int:
         print(f"delta jars: {spark.conf.get('spark.jars.packages')} (Maven)")
     print(f"classpath jars: {len([j for j in jars.split(',') if j])}")
     print(f"session start: {elapsed:.1f}s")
-    ok = [tuple(r) for r in rows] == [(1, "ok")] and position == 1
+    ok = [tuple(r) for r in rows] == [(1, "ok")] and written.applied
     print(f"delta round trip: {'ok' if ok else 'FAILED'}")
     return 0 if ok else 1
 

@@ -105,7 +105,8 @@ class WriteResult:
     ``applied`` is true iff this call committed (false: the position was already recorded
     - by an earlier run or a concurrent twin - and this call changed nothing).
     ``table_version`` is the table's latest version after the call (-1: no table).
-    ``recorded_position`` is what :func:`recorded_position` returns for the app id now.
+    ``recorded_position`` is the position recorded for the app id as this call observed
+    it (``position`` itself when applied).
     """
 
     applied: bool
@@ -274,14 +275,10 @@ def table_history(spark: SparkSession, path: PathLike) -> list[HistoryEntry]:
     target = os.fspath(path)
     if not DeltaTable.isDeltaTable(spark, target):
         return []
-    rows = (
-        DeltaTable.forPath(spark, target)
-        .history()
-        .select("version", "operation", "timestamp", "userMetadata")
-        .orderBy(F.col("version").desc())
-        .collect()
-    )
-    return [_history_entry(row.asDict()) for row in rows]
+    # Delta returns the history newest first; collecting it is a local operation.
+    rows = DeltaTable.forPath(spark, target).history().collect()
+    entries = [_history_entry(row.asDict()) for row in rows]
+    return sorted(entries, key=lambda entry: entry.version, reverse=True)
 
 
 def latest_per_key(df: DataFrame, keys: Sequence[str], order_col: str) -> DataFrame:
@@ -380,16 +377,15 @@ def _result(
     the new commits' metadata does.
     """
     version_after = _table_version(spark, target)
-    applied = False
     if version_after > version_before:
         limit = version_after - version_before
-        rows = DeltaTable.forPath(spark, target).history(limit).collect()
-        for row in rows:
+        for row in DeltaTable.forPath(spark, target).history(limit).collect():
             entry = _history_entry(row.asDict())
             if entry.version > version_before and entry.write_id == write_id:
-                applied = True
-                break
-    return WriteResult(applied, version_after, recorded_position(spark, target, app_id))
+                # Our commit recorded `position`; no need to recompute the table state
+                # (a Spark job) to read it back.
+                return WriteResult(True, version_after, entry.position)
+    return WriteResult(False, version_after, recorded_position(spark, target, app_id))
 
 
 def _drop_tombstones(df: DataFrame, deleted_col: str | None) -> DataFrame:

@@ -15,6 +15,7 @@ import deltalake
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from py4j.protocol import Py4JError
 
 from spark_projections import delta as sp_delta
 from spark_projections.delta import (
@@ -68,30 +69,34 @@ def delta_rs_rows(path: Path) -> list[tuple[Any, ...]]:
     return sorted(zip(*(table.column(c).to_pylist() for c in columns)))
 
 
-def test_latest_per_key_keeps_the_highest_order_value(spark: SparkSession) -> None:
-    latest = {r.account: (r.balance, r.seq) for r in state(spark).collect()}
-    assert latest == {"a": (12, 9), "b": (25, 6), "c": (30, 7), "d": (40, 5), "e": (50, 8)}
+ALL_NINE = [("a", 12, False, 9), ("b", 25, False, 6), ("c", 30, True, 7), ("d", 40, False, 5), ("e", 50, False, 8)]
 
 
-def test_full_rebuild_is_one_commit_with_the_position(spark: SparkSession, tmp_path: Path) -> None:
+def test_rebuild_is_one_commit_and_a_retry_is_a_no_op(spark: SparkSession, tmp_path: Path) -> None:
     path = tmp_path / "balances"
     result = full_rebuild(state(spark, upto=5), path, app_id="balances-v1", position=5)
     assert (result.applied, result.table_version, result.recorded_position) == (True, 0, 5)
-
-    history = table_history(spark, path)
-    assert [(h.version, h.position, h.operation, h.mode) for h in history] == [
+    assert [(h.version, h.position, h.operation, h.mode) for h in table_history(spark, path)] == [
         (0, 5, "WRITE", "rebuild")
     ]
-    assert rows(spark, path) == [("a", 15, False, 4), ("b", 20, False, 2), ("c", 30, False, 3), ("d", 40, False, 5)]
+    first = [("a", 15, False, 4), ("b", 20, False, 2), ("c", 30, False, 3), ("d", 40, False, 5)]
+    assert rows(spark, path) == first
 
-    # Rebuilding at a later position replaces the table in exactly one more commit.
+    # Same (app_id, position) - even with other data - and older positions change nothing.
+    retry = full_rebuild(state(spark, upto=9), path, app_id="balances-v1", position=5)
+    assert (retry.applied, retry.table_version, retry.recorded_position) == (False, 0, 5)
+    older = full_rebuild(state(spark, upto=3), path, app_id="balances-v1", position=3)
+    assert (older.applied, older.table_version) == (False, 0)
+    assert deltalake.DeltaTable(str(path)).version() == 0
+    assert delta_rs_rows(path) == first
+
+    # A later position replaces the table in exactly one more commit.
     again = full_rebuild(state(spark, upto=9), path, app_id="balances-v1", position=9)
     assert (again.applied, again.table_version, again.recorded_position) == (True, 1, 9)
     assert [(h.version, h.position, h.mode) for h in table_history(spark, path)] == [
         (1, 9, "rebuild"),
         (0, 5, "rebuild"),
     ]
-    assert len(rows(spark, path)) == 5
 
     # delta-rs, an independent reader, sees the same version, rows, metadata and txn.
     table = deltalake.DeltaTable(str(path))
@@ -100,23 +105,7 @@ def test_full_rebuild_is_one_commit_with_the_position(spark: SparkSession, tmp_p
     meta = json.loads(table.history(1)[0]["userMetadata"])
     assert meta.pop("jetsourcing.write_id")
     assert meta == {"jetsourcing.app_id": "balances-v1", "jetsourcing.mode": "rebuild", "jetsourcing.position": 9}
-    assert delta_rs_rows(path) == rows(spark, path)
-
-
-def test_retried_rebuild_is_a_no_op(spark: SparkSession, tmp_path: Path) -> None:
-    path = tmp_path / "balances"
-    full_rebuild(state(spark, upto=5), path, app_id="app", position=5)
-    before = rows(spark, path)
-
-    # Same (app_id, position), even with different data: nothing is written.
-    retry = full_rebuild(state(spark, upto=9), path, app_id="app", position=5)
-    assert (retry.applied, retry.table_version, retry.recorded_position) == (False, 0, 5)
-    # An older position is refused the same way.
-    older = full_rebuild(state(spark, upto=3), path, app_id="app", position=3)
-    assert older.applied is False
-    assert [h.version for h in table_history(spark, path)] == [0]
-    assert rows(spark, path) == before
-    assert deltalake.DeltaTable(str(path)).version() == 0
+    assert delta_rs_rows(path) == rows(spark, path) == ALL_NINE
 
 
 def test_delta_itself_skips_a_repeated_position(
@@ -129,7 +118,7 @@ def test_delta_itself_skips_a_repeated_position(
     path = tmp_path / "balances"
     full_rebuild(state(spark, upto=5), path, app_id="app", position=5)
     incremental_merge(state(spark, after=5, upto=7), path, keys=["account"], app_id="app", position=7)
-    before = rows(spark, path)
+    before = delta_rs_rows(path)
 
     monkeypatch.setattr(sp_delta, "recorded_position", lambda *_args: None)
     rebuild = full_rebuild(state(spark, upto=9), path, app_id="app", position=7)
@@ -138,21 +127,29 @@ def test_delta_itself_skips_a_repeated_position(
 
     assert rebuild.applied is False and merge.applied is False
     assert [h.version for h in table_history(spark, path)] == [1, 0]
-    assert rows(spark, path) == before
+    assert delta_rs_rows(path) == before
     assert recorded_position(spark, path, "app") == 7
 
 
-def test_incremental_merge_equals_full_rebuild(spark: SparkSession, tmp_path: Path) -> None:
+def test_incremental_merge_equals_full_rebuild_and_repeats_are_no_ops(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    latest = {r.account: (r.balance, r.seq) for r in state(spark).collect()}
+    assert latest == {"a": (12, 9), "b": (25, 6), "c": (30, 7), "d": (40, 5), "e": (50, 8)}
+
     rebuilt = tmp_path / "rebuilt"
     merged = tmp_path / "merged"
     full_rebuild(state(spark, upto=9), rebuilt, app_id="r", position=9, deleted_col="closed")
 
     full_rebuild(state(spark, upto=4), merged, app_id="m", position=4, deleted_col="closed")
     # Updates for (4, 9]: a and b change, c is closed (deleted), d and e are new.
-    update = incremental_merge(
-        state(spark, after=4, upto=9), merged, keys=["account"], app_id="m", position=9, deleted_col="closed"
-    )
-    assert (update.applied, update.table_version, update.recorded_position) == (True, 1, 9)
+    updates = state(spark, after=4, upto=9)
+    spark.conf.set("spark.sql.shuffle.partitions", "3")  # a runtime setting the merge inherits
+    try:
+        first = incremental_merge(updates, merged, keys=["account"], app_id="m", position=9, deleted_col="closed")
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", "2")
+    assert (first.applied, first.table_version, first.recorded_position) == (True, 1, 9)
 
     expected = [("a", 12, 9), ("b", 25, 6), ("d", 40, 5), ("e", 50, 8)]
     assert rows(spark, rebuilt) == expected
@@ -163,84 +160,31 @@ def test_incremental_merge_equals_full_rebuild(spark: SparkSession, tmp_path: Pa
         (0, "WRITE", 4, "rebuild"),
     ]
 
+    # The same merge again changes nothing.
+    second = incremental_merge(updates, merged, keys=["account"], app_id="m", position=9, deleted_col="closed")
+    assert (second.applied, second.table_version, second.recorded_position) == (False, 1, 9)
+    assert deltalake.DeltaTable(str(merged)).version() == 1
+    assert delta_rs_rows(merged) == expected
 
-def test_running_the_same_merge_twice_changes_nothing(spark: SparkSession, tmp_path: Path) -> None:
-    path = tmp_path / "balances"
-    full_rebuild(state(spark, upto=4), path, app_id="app", position=4)
-    first = incremental_merge(state(spark, after=4, upto=8), path, keys=["account"], app_id="app", position=8)
-    after_first = rows(spark, path)
-    second = incremental_merge(state(spark, after=4, upto=8), path, keys=["account"], app_id="app", position=8)
-
-    assert first.applied is True and second.applied is False
-    assert second.table_version == first.table_version == 1
-    assert rows(spark, path) == after_first
-    assert deltalake.DeltaTable(str(path)).version() == 1
-
-
-def test_merge_session_confs_do_not_leak(spark: SparkSession, tmp_path: Path) -> None:
-    path = tmp_path / "balances"
-    full_rebuild(state(spark, upto=4), path, app_id="app", position=4)
-    spark.conf.set("spark.sql.shuffle.partitions", "3")  # a runtime setting the merge must see
-    try:
-        incremental_merge(state(spark, after=4, upto=6), path, keys=["account"], app_id="app", position=6)
-    finally:
-        spark.conf.set("spark.sql.shuffle.partitions", "2")
+    # The MERGE's identity was set on a private session: the caller's session is clean, so
+    # a plain write afterwards is neither skipped nor stamped with it.
     for key in (TXN_APP_ID_CONF, TXN_VERSION_CONF, USER_METADATA_CONF):
         assert spark.conf.get(key, None) is None
-    # A plain write afterwards is neither skipped nor stamped with the merge's identity.
-    spark.createDataFrame([("z", 1, 99, False)], STATE_SCHEMA).write.format("delta").mode("append").save(str(path))
-    latest = table_history(spark, path)[0]
-    assert (latest.version, latest.operation, latest.position) == (2, "WRITE", None)
-    assert recorded_position(spark, path, "app") == 6
-    assert ("z", 1, False, 99) in rows(spark, path)
-
-
-def test_merge_creates_a_missing_table(spark: SparkSession, tmp_path: Path) -> None:
-    path = tmp_path / "fresh"
-    result = incremental_merge(
-        state(spark, upto=9), path, keys=["account"], app_id="app", position=9, deleted_col="closed"
-    )
-    assert (result.applied, result.table_version, result.recorded_position) == (True, 0, 9)
-    assert rows(spark, path) == [("a", 12, 9), ("b", 25, 6), ("d", 40, 5), ("e", 50, 8)]
-    assert [(h.position, h.mode) for h in table_history(spark, path)] == [(9, "merge")]
-
-
-def test_merge_refuses_several_rows_per_key(spark: SparkSession, tmp_path: Path) -> None:
-    path = tmp_path / "balances"
-    full_rebuild(state(spark, upto=4), path, app_id="app", position=4)
-    with pytest.raises(DuplicateKeysError) as caught:
-        # Unfolded events: account a appears twice in (0, 9].
-        incremental_merge(events(spark, upto=9), path, keys=["account"], app_id="app", position=9)
-    assert set(caught.value.examples) == {("a", 3), ("b", 2), ("c", 2)}
-    assert "latest_per_key" in str(caught.value)
-    assert [h.version for h in table_history(spark, path)] == [0]
-    assert recorded_position(spark, path, "app") == 4
-
-
-def test_merge_refuses_other_columns(spark: SparkSession, tmp_path: Path) -> None:
-    path = tmp_path / "balances"
-    full_rebuild(state(spark, upto=4), path, app_id="app", position=4)
-    wider = state(spark, after=4, upto=9).withColumn("currency", F.lit("EUR"))
-    with pytest.raises(SchemaMismatchError) as caught:
-        incremental_merge(wider, path, keys=["account"], app_id="app", position=9)
-    assert caught.value.extra == ("currency",) and caught.value.missing == ()
-    assert [h.version for h in table_history(spark, path)] == [0]
-
-
-def test_null_keys_merge_idempotently(spark: SparkSession, tmp_path: Path) -> None:
-    path = tmp_path / "nullable"
-    schema = "k STRING, v BIGINT"
-    full_rebuild(spark.createDataFrame([(None, 1), ("x", 1)], schema), path, app_id="app", position=1)
-    incremental_merge(spark.createDataFrame([(None, 2)], schema), path, keys=["k"], app_id="app", position=2)
-    # Null-safe key equality: the null key is updated in place, not inserted again.
-    found = spark.read.format("delta").load(str(path)).collect()
-    assert {(r.k, r.v) for r in found} == {(None, 2), ("x", 1)} and len(found) == 2
+    extra = spark.createDataFrame([("z", 1, 99)], "account STRING, balance BIGINT, seq BIGINT")
+    extra.write.format("delta").mode("append").save(str(merged))
+    newest = table_history(spark, merged)[0]
+    assert (newest.version, newest.operation, newest.position) == (2, "WRITE", None)
+    assert recorded_position(spark, merged, "m") == 9
+    assert ("z", 1, 99) in delta_rs_rows(merged)
 
 
 def test_recorded_position(spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "balances"
     assert recorded_position(spark, path, "app") is None  # no table yet
-    full_rebuild(state(spark, upto=3), path, app_id="app", position=3)
+    assert table_history(spark, path) == []
+    # A merge into a missing table creates it.
+    created = incremental_merge(state(spark, upto=3), path, keys=["account"], app_id="app", position=3)
+    assert (created.applied, created.table_version, created.recorded_position) == (True, 0, 3)
     incremental_merge(state(spark, after=3, upto=8), path, keys=["account"], app_id="app", position=8)
     full_rebuild(state(spark, upto=9), path, app_id="other", position=9)
 
@@ -249,16 +193,16 @@ def test_recorded_position(spark: SparkSession, tmp_path: Path, monkeypatch: pyt
     assert recorded_position(spark, path, "never") is None
     assert position_from_history(spark, path, "app") == 8
     assert position_from_history(spark, path, "other") == 9
-    assert [(h.version, h.app_id, h.position, h.mode) for h in table_history(spark, path)] == [
-        (2, "other", 9, "rebuild"),
-        (1, "app", 8, "merge"),
-        (0, "app", 3, "rebuild"),
+    assert [(h.version, h.operation, h.app_id, h.position, h.mode) for h in table_history(spark, path)] == [
+        (2, "WRITE", "other", 9, "rebuild"),
+        (1, "MERGE", "app", 8, "merge"),
+        (0, "WRITE", "app", 3, "merge"),
     ]
-    assert deltalake.DeltaTable(str(path)).transaction_version("app") == 8
+    table = deltalake.DeltaTable(str(path))
+    assert (table.transaction_version("app"), table.transaction_version("other")) == (8, 9)
+    assert delta_rs_rows(path) == ALL_NINE
 
     # If Delta's internal log API ever disappears, the history fallback gives the same answer.
-    from py4j.protocol import Py4JError
-
     def broken(*_args: Any) -> Any:
         raise Py4JError("simulated: DeltaLog API unavailable")
 
@@ -267,16 +211,43 @@ def test_recorded_position(spark: SparkSession, tmp_path: Path, monkeypatch: pyt
     assert recorded_position(spark, path, "never") is None
 
 
+def test_merge_refuses_several_rows_per_key_and_other_columns(spark: SparkSession, tmp_path: Path) -> None:
+    path = tmp_path / "balances"
+    full_rebuild(state(spark, upto=4), path, app_id="app", position=4)
+    with pytest.raises(DuplicateKeysError) as caught:
+        # Unfolded events: accounts a, b and c appear several times in (0, 9].
+        incremental_merge(events(spark, upto=9), path, keys=["account"], app_id="app", position=9)
+    assert set(caught.value.examples) == {("a", 3), ("b", 2), ("c", 2)}
+    assert "latest_per_key" in str(caught.value)
+
+    wider = state(spark, after=4, upto=9).withColumn("currency", F.lit("EUR"))
+    with pytest.raises(SchemaMismatchError) as mismatch:
+        incremental_merge(wider, path, keys=["account"], app_id="app", position=9)
+    assert mismatch.value.extra == ("currency",) and mismatch.value.missing == ()
+
+    assert deltalake.DeltaTable(str(path)).version() == 0
+    assert recorded_position(spark, path, "app") == 4
+
+
+def test_null_keys_merge_in_place(spark: SparkSession, tmp_path: Path) -> None:
+    path = tmp_path / "nullable"
+    schema = "k STRING, v BIGINT"
+    full_rebuild(spark.createDataFrame([(None, 1), ("x", 1)], schema), path, app_id="app", position=1)
+    incremental_merge(spark.createDataFrame([(None, 2)], schema), path, keys=["k"], app_id="app", position=2)
+    # Null-safe key equality: the null key is updated, not inserted a second time.
+    found = deltalake.DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+    assert sorted(found, key=lambda r: str(r["k"])) == [{"k": None, "v": 2}, {"k": "x", "v": 1}]
+
+
 def test_concurrent_merges_of_the_same_range_apply_once(spark: SparkSession, tmp_path: Path) -> None:
     path = tmp_path / "balances"
     full_rebuild(state(spark, upto=4), path, app_id="app", position=4)
+    updates = state(spark, after=4, upto=9)
     results: list[Any] = []
 
     def run() -> None:
         try:
-            results.append(
-                incremental_merge(state(spark, after=4, upto=9), path, keys=["account"], app_id="app", position=9)
-            )
+            results.append(incremental_merge(updates, path, keys=["account"], app_id="app", position=9))
         except Exception as exc:  # surfaced by the assertion below
             results.append(exc)
 
@@ -290,7 +261,7 @@ def test_concurrent_merges_of_the_same_range_apply_once(spark: SparkSession, tmp
     assert sorted(r.applied for r in results) == [False, True]
     merges = [h for h in table_history(spark, path) if h.operation == "MERGE"]
     assert [(m.position, m.app_id) for m in merges] == [(9, "app")]
-    assert rows(spark, path) == [("a", 12, False, 9), ("b", 25, False, 6), ("c", 30, True, 7), ("d", 40, False, 5), ("e", 50, False, 8)]
+    assert delta_rs_rows(path) == ALL_NINE
 
 
 def test_bad_arguments_are_rejected(spark: SparkSession, tmp_path: Path) -> None:
@@ -305,4 +276,6 @@ def test_bad_arguments_are_rejected(spark: SparkSession, tmp_path: Path) -> None
         incremental_merge(frame, tmp_path / "t", keys=[], app_id="app", position=1)
     with pytest.raises(ValueError):
         incremental_merge(frame, tmp_path / "t", keys=["nope"], app_id="app", position=1)
+    with pytest.raises(ValueError):
+        incremental_merge(frame, tmp_path / "t", keys=["account"], app_id="app", position=1, deleted_col="account")
     assert not (tmp_path / "t").exists()

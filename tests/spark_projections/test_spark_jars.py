@@ -21,7 +21,7 @@ from spark_projections.jars import (
     offline_delta_jars,
     spark_minor_version,
 )
-from spark_projections.settings import DELTA_MAVEN_VERSION
+from spark_projections.settings import DELTA_MAVEN_VERSION, TEST_PROFILE_CONF
 
 
 def test_pinned_jar_version_matches_the_installed_packages() -> None:
@@ -172,7 +172,9 @@ def test_export_jars_then_run_offline(
             "JETSOURCING_SPARK_MASTER": "local[1]",
             "JETSOURCING_SPARK_SHUFFLE_PARTITIONS": "1",
             # Proof that nothing is downloaded: Ivy's only repository refuses connections.
-            "JETSOURCING_SPARK_EXTRA_CONF": json.dumps({"spark.jars.ivySettings": str(unreachable)}),
+            "JETSOURCING_SPARK_EXTRA_CONF": json.dumps(
+                {**TEST_PROFILE_CONF, "spark.jars.ivySettings": str(unreachable)}
+            ),
         },
     )
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
