@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Generic, TypeVar, cast, overload
@@ -379,9 +378,8 @@ class Repository(Generic[A]):
                 await asyncio.sleep(self.retry.delay_s(conflicts - 1))
                 refresh = True
                 continue
-            if result.duplicate:
-                version = await self._last_version_of_commit(stream_id, result.position)
-                return CommandResult(None, version, result.position, True)
+            if result.duplicate:  # the event store reports the first write's versions
+                return CommandResult(None, result.last_version, result.position, True)
             aggregate._committed(result.last_version, result.position)
             self._cache_put(aggregate)  # no copy: nothing else holds this object
             await self._maybe_snapshot(aggregate, before)
@@ -407,19 +405,8 @@ class Repository(Generic[A]):
 
     async def _find_command(self, stream_id: StreamId, command_id: str) -> tuple[int, int] | None:
         """The (version, position) stored by an earlier run of ``command_id`` on this aggregate, if any."""
-        # The event store derives the ids of an idempotent append's events from its key
-        # (append.py, _build); a RecordedEvent does not carry the key itself.
-        first_event_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{command_id}/{stream_id}/0"))
-        events = await self.store.read(stream_id)
-        for event in events:
-            if event.event_id == first_event_id:
-                return max(e.version for e in events if e.position == event.position), event.position
-        return None
-
-    async def _last_version_of_commit(self, stream_id: StreamId, position: int) -> int:
-        # A duplicate acknowledgement carries the commit's position but not its versions.
-        events = await self.store.read(stream_id, from_position=position)
-        return max(e.version for e in events if e.position == position)
+        found = await self.store.find_append(stream_id, command_id)
+        return None if found is None else (found.last_version, found.position)
 
     # -- cache ----------------------------------------------------------------
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import uuid
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -158,6 +159,23 @@ class Appender:
         self.remember(stream_id, state.version, state.position)
         return state
 
+    async def find_append(self, stream_id: StreamId, idempotency_key: str) -> AppendResult | None:
+        """The commit an earlier append with ``idempotency_key`` stored on this entity, if any."""
+        subject = stream_id.subject(self._settings.subject_prefix)
+        seq = 1
+        while True:
+            msgs = await self.direct_get({"seq": seq, "next_by_subj": subject, "batch": 1000})
+            for msg in msgs:
+                headers = msg.headers or {}
+                msg_id = headers.get(Header.MSG_ID, "")
+                if msg_id == idempotency_key or msg_id.rpartition(":")[0] == idempotency_key:
+                    count = headers[Header.TYPE].count(",") + 1
+                    last = int(headers[Header.VERSION])
+                    return AppendResult(stream_id, int(headers[Header.SEQUENCE]), last - count + 1, last, True)
+            if not msgs or (msgs[-1].headers or {}).get(Header.NUM_PENDING, "0") == "0":
+                return None
+            seq = int((msgs[-1].headers or {})[Header.SEQUENCE]) + 1
+
     # -- building commits ---------------------------------------------------
 
     def _build(self, request: EntityAppend, msg_id: str, key: str | None) -> _Commit:
@@ -172,7 +190,7 @@ class Appender:
             name, version = self._registry.name_of(type(event))
             types.append(name)
             versions.append(version)
-            ids.append(str(uuid.uuid5(uuid.NAMESPACE_URL, f"{key}/{request.stream_id}/{i}")) if key else uuid.uuid4().hex)
+            ids.append(uuid.uuid5(uuid.NAMESPACE_URL, f"{key}/{request.stream_id}/{i}").hex if key else secrets.token_hex(16))
             payloads.append(event.model_dump_json().encode())
         return _Commit(request, request.stream_id.subject(self._settings.subject_prefix), msg_id, types, versions, ids, payloads)
 
@@ -221,7 +239,7 @@ class Appender:
                     f"{request.stream_id} appears twice in one append; put all its events in one EntityAppend."
                 )
             seen.add(request.stream_id)
-        append_id = idempotency_key or uuid.uuid4().hex
+        append_id = idempotency_key or secrets.token_hex(16)
         single = len(requests) == 1
         commits = [self._build(r, append_id if single else f"{append_id}:{i}", idempotency_key) for i, r in enumerate(requests)]
         self._check_size(commits)

@@ -4,8 +4,9 @@ nats-py's ``request`` creates a future and an ``asyncio.wait_for`` per call,
 and has no helper for requests answered by a stream of messages (JetStream
 direct get batch). :class:`Inbox` serves both: every reply subject is
 ``<inbox>.<token>``, one subscription callback routes replies to the waiting
-request, and a timer handle (cheaper than ``wait_for``) fails requests that get
-no answer in time.
+request, and one sweeper task fails requests that got no answer in time
+(thousands of pipelined appends would otherwise keep thousands of timers in
+the event loop's heap).
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ class Inbox:
         self._nc = nc
         self._prefix = nc.new_inbox()
         self._cut = len(self._prefix) + 1
-        # token -> (messages so far, future, wants many messages)
-        self._pending: dict[str, tuple[list[Msg], asyncio.Future[list[Msg]], bool]] = {}
+        # token -> (messages so far, future, wants many messages, deadline)
+        self._pending: dict[str, tuple[list[Msg], asyncio.Future[list[Msg]], bool, float]] = {}
+        self._sweeper: asyncio.Task[None] | None = None
         self._sub: Subscription | None = None
         self._counter = 0
         self._lock = asyncio.Lock()
@@ -47,7 +49,7 @@ class Inbox:
         entry = self._pending.get(msg.subject[self._cut :])
         if entry is None:
             return
-        msgs, future, many = entry
+        msgs, future, many, _ = entry
         msgs.append(msg)
         if future.done():
             return
@@ -63,8 +65,9 @@ class Inbox:
         token = str(self._counter)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[list[Msg]] = loop.create_future()
-        self._pending[token] = ([], future, many)
-        timer = loop.call_later(timeout_s, _expire, future)
+        self._pending[token] = ([], future, many, loop.time() + timeout_s)
+        if self._sweeper is None or self._sweeper.done():
+            self._sweeper = asyncio.create_task(self._sweep(min(timeout_s / 4, 0.25)))
         try:
             await self._nc.publish(subject, payload, reply=f"{self._prefix}.{token}", headers=headers)
             return await future
@@ -74,11 +77,21 @@ class Inbox:
                 "server is running and reachable, or raise request_timeout_s."
             ) from exc
         finally:
-            timer.cancel()
             del self._pending[token]
+
+    async def _sweep(self, every_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        while self._pending:
+            await asyncio.sleep(every_s)
+            now = loop.time()
+            for _, future, _, deadline in list(self._pending.values()):
+                if deadline <= now and not future.done():
+                    future.set_exception(asyncio.TimeoutError())
 
     async def close(self) -> None:
         """Drop the subscription; requests still waiting fail with their timeout."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         if self._sub is not None:
             sub, self._sub = self._sub, None
             try:
@@ -86,7 +99,3 @@ class Inbox:
             except Exception:  # noqa: BLE001 - closing a dead connection must not raise
                 pass
 
-
-def _expire(future: asyncio.Future[list[Msg]]) -> None:
-    if not future.done():
-        future.set_exception(asyncio.TimeoutError())

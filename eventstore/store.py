@@ -301,6 +301,14 @@ class EventStore:
             requests, idempotency_key=idempotency_key, correlation_id=correlation_id, causation_id=causation_id
         )
 
+    async def find_append(self, stream_id: StreamId, idempotency_key: str) -> AppendResult | None:
+        """What an earlier append with ``idempotency_key`` stored on ``stream_id`` (``duplicate=True``), or None.
+
+        Searches the entity's commits, so it finds appends of any age (not only
+        within the duplicate window).
+        """
+        return await self._appender.find_append(stream_id, idempotency_key)
+
     def remember(self, stream_id: StreamId, version: int, position: int) -> None:
         """Tell the store an entity's (version, position), e.g. from a snapshot, to save a lookup on append."""
         self._appender.remember(stream_id, version, position)

@@ -202,3 +202,14 @@ async def test_a_duplicate_reports_the_versions_of_the_first_write(store: EventS
     assert (again.position, again.first_version, again.last_version) == (first.position, 2, 3)
     # The store's own idea of the entity is still right: the next append lands at version 4.
     assert (await store.append(ACCOUNT, [Deposited(amount=3)], ANY)).last_version == 4
+
+
+async def test_find_append_finds_an_idempotent_append_of_any_age(store: EventStore) -> None:
+    await store.append(ACCOUNT, [Opened(owner="alice")], NO_STREAM)
+    stored = await store.append(ACCOUNT, [Deposited(amount=1), Deposited(amount=2)], 1, idempotency_key="cmd-9")
+    await store.append(ACCOUNT, [Deposited(amount=3)], 3)
+    found = await store.find_append(ACCOUNT, "cmd-9")
+    assert found is not None and found.duplicate
+    assert (found.position, found.first_version, found.last_version) == (stored.position, 2, 3)
+    assert await store.find_append(ACCOUNT, "never-sent") is None
+    assert await store.find_append(StreamId("Account", "nobody"), "cmd-9") is None
