@@ -219,24 +219,30 @@ async def main() -> None:
         store = await EventStore.connect(EventStoreSettings(nats_url=server.url, stream="CONC", subject_prefix="conc"), registry)
         per_entity = conc_n // 1000
 
-        async def entity_writer(e: int) -> None:
-            sid = StreamId("Account", f"a{e}")
-            v = 0
-            for i in range(per_entity):
-                v = (await store.append(sid, [Deposited(amount=i, account=sid.entity_id)], v if v else NO_STREAM)).last_version
+        ours, raws = [], []
+        for round_ in range(2):
+            prefix = f"r{round_}"
 
-        start = time.perf_counter()
-        await asyncio.gather(*(entity_writer(e) for e in range(1000)))
-        result["append_concurrent_eps"] = round(conc_n / (time.perf_counter() - start))
+            async def entity_writer_round(e: int) -> None:
+                sid = StreamId("Account", f"{prefix}a{e}")
+                v = 0
+                for i in range(per_entity):
+                    v = (await store.append(sid, [Deposited(amount=i, account=sid.entity_id)], v)).last_version
+
+            start = time.perf_counter()
+            await asyncio.gather(*(entity_writer_round(e) for e in range(1000)))
+            ours.append(conc_n / (time.perf_counter() - start))
+            start = time.perf_counter()
+            futures = []
+            for i in range(conc_n):
+                e = i % 1000
+                futures.append(await js.publish_async(f"conc.Account.{prefix}r{e}", json.dumps({"amount": i, "account": f"r{e}"}).encode(),
+                                                      headers=headers_for(i // 1000 + 1)))
+            await asyncio.gather(*futures)
+            raws.append(conc_n / (time.perf_counter() - start))
         await store.close()
-        start = time.perf_counter()
-        futures = []
-        for i in range(conc_n):
-            e = i % 1000
-            futures.append(await js.publish_async(f"conc.Account.r{e}", json.dumps({"amount": i, "account": f"r{e}"}).encode(),
-                                                  headers=headers_for(i // 1000 + 1)))
-        await asyncio.gather(*futures)
-        result["raw_append_concurrent_eps"] = round(conc_n / (time.perf_counter() - start))
+        result["append_concurrent_eps"] = round(max(ours))
+        result["raw_append_concurrent_eps"] = round(max(raws))
         log(f"pipelined: {result['append_concurrent_eps']} vs raw {result['raw_append_concurrent_eps']} events/s")
 
         # -- loading one entity spread through a big stream -----------------
@@ -254,16 +260,21 @@ async def main() -> None:
                               raw_read_p50_ms=pct(raw, 0.5), raw_read_p99_ms=pct(raw, 0.99))
                 log(f"read 100 of {size}: p50 {result['read_p50_ms']} p99 {result['read_p99_ms']} ms; raw p99 {result['raw_read_p99_ms']} ms")
 
-                # -- full replay ------------------------------------------------
-                start = time.perf_counter()
-                count = 0
-                async for batch in store.read_all():
-                    for event in batch:
-                        count += event.type == "Deposited"
-                assert count == size, count
-                result["read_all_eps"] = round(size / (time.perf_counter() - start))
-                pull = await raw_pull_replay(nc, name, size)
-                push = await raw_ordered_push_replay(nc, name, f"{settings.subject_prefix}.>", size)
+                # -- full replay: alternate framework and raw, best of three each, so load
+                # from other processes on this shared machine hits both alike --------
+                ours, pulls, pushes = [], [], []
+                for _ in range(3):
+                    start = time.perf_counter()
+                    count = 0
+                    async for batch in store.read_all():
+                        for event in batch:
+                            count += event.type == "Deposited"
+                    assert count == size, count
+                    ours.append(size / (time.perf_counter() - start))
+                    pulls.append(await raw_pull_replay(nc, name, size))
+                    pushes.append(await raw_ordered_push_replay(nc, name, f"{settings.subject_prefix}.>", size))
+                pull, push = max(pulls), max(pushes)
+                result["read_all_eps"] = round(max(ours))
                 result["raw_read_all_eps"] = round(max(pull, push))
                 result["raw_read_all_method"] = "pull MSG.NEXT" if pull >= push else "ordered push"
                 log(f"replay: {result['read_all_eps']} vs raw {round(pull)} (pull) / {round(push)} (ordered push) events/s")
