@@ -31,7 +31,7 @@ from typing import Any
 from eventstore import EventStoreSettings
 
 from .daemon import run_daemon
-from .errors import ProjectionError, ProjectionLoadError, RebuildError
+from .errors import ProjectionError, ProjectionLoadError
 from .progress import progress_for
 from .projection import ErrorPolicy, Projection
 from .rebuild import RebuildResult, rebuild
@@ -112,15 +112,12 @@ def _settings(args: argparse.Namespace) -> ProjectionSettings:
 
 async def _rebuild_until_signal(projection: Projection, settings: ProjectionSettings) -> RebuildResult:
     """Rebuild; SIGINT/SIGTERM cancel it cleanly (the shadow is dropped, readers keep the old model)."""
-    task = asyncio.ensure_future(rebuild(projection, settings, progress=progress_for(f"rebuild {projection.name}")))
+    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, task.cancel)
-    try:
-        return await task
-    except asyncio.CancelledError:
-        raise RebuildError(f"Rebuild of {projection.name!r} cancelled; readers still see the old model.") from None
+            loop.add_signal_handler(sig, stop.set)
+    return await rebuild(projection, settings, progress=progress_for(f"rebuild {projection.name}"), stop=stop)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

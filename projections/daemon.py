@@ -44,7 +44,7 @@ from eventstore import EventStore, RecordedEvent
 
 from .applier import Applier, Counters, error_report
 from .connection import connect_event_store, lease_key
-from .errors import CheckpointConflictError, ProjectionStoppedError, ReadModelMismatchError
+from .errors import CheckpointConflictError, ProjectionStoppedError, ReadModelMismatchError, RebuildError
 from .lease import Lease, new_owner_id, open_lease_bucket
 from .progress import progress_for
 from .projection import Projection
@@ -176,19 +176,13 @@ class ProjectionRunner:
                 )
             log.info("%s: read model is version %d, code is version %d: rebuilding (readers keep the old model).",
                      self.name, gen.version, self.projection.version)
-            rebuilding = asyncio.ensure_future(
-                rebuild(self.projection, self.settings, event_store=self.es, store=store, kv=self.kv,
-                        owner=self.owner, progress=progress_for(f"rebuild {self.name}"))
-            )
-            stopping = asyncio.ensure_future(self.stop_event.wait())
-            await asyncio.wait({rebuilding, stopping}, return_when=asyncio.FIRST_COMPLETED)
-            stopping.cancel()
-            if not rebuilding.done():
-                rebuilding.cancel()  # the half-built generation is dropped; readers keep the old model
-                with contextlib.suppress(asyncio.CancelledError):
-                    await rebuilding
-                raise _Stopped
-            rebuilding.result()
+            try:
+                await rebuild(self.projection, self.settings, event_store=self.es, store=store, kv=self.kv,
+                              owner=self.owner, progress=progress_for(f"rebuild {self.name}"), stop=self.stop_event)
+            except RebuildError:
+                if self.stop_event.is_set():
+                    raise _Stopped from None  # the half-built generation was dropped; readers keep the old model
+                raise
             gen = store.claim(self.name, self.owner)
             problem = self._mismatch(gen)
         if problem:

@@ -121,8 +121,9 @@ class Lease:
                     announced = holder
             except Exception as exc:  # noqa: BLE001 - server unreachable: keep trying until stopped
                 log.debug("%s: lease request failed (%s); retrying.", self.key, exc)
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stop.wait(), min(self.ttl_s / 4, 1.0))
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(min(self.ttl_s / 4, 1.0)):  # unlike wait_for, never swallows a cancel
+                    await stop.wait()
         return False
 
     async def confirm(self) -> bool:

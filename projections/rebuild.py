@@ -77,12 +77,14 @@ async def rebuild(
     kv: KeyValue | None = None,
     owner: str | None = None,
     progress: ProgressReporter | None = None,
+    stop: asyncio.Event | None = None,
 ) -> RebuildResult:
     """Rebuild ``projection``'s read model by replaying the whole stream into a shadow, then switch readers.
 
-    Raises :class:`RebuildError` if another rebuild of it is running, or if
-    this one fails (the old model stays live). Connections not given are
-    opened from ``settings`` and closed again.
+    Raises :class:`RebuildError` if another rebuild of it is running, if
+    this one fails, or if ``stop`` is set before the switch (the old model
+    stays live in every case). Connections not given are opened from
+    ``settings`` and closed again.
     """
     settings = settings or ProjectionSettings()
     own_es = event_store is None
@@ -108,7 +110,8 @@ async def rebuild(
             )
         try:
             with _fewer_gc_pauses():
-                return await _rebuild(projection, settings, es, rm, lease, me, progress or NoProgress())
+                return await _rebuild(projection, settings, es, rm, lease, me, progress or NoProgress(),
+                                      stop or asyncio.Event())
         finally:
             await lease.release()
     finally:
@@ -142,6 +145,7 @@ async def _rebuild(
     lease: Lease,
     owner: str,
     progress: ProgressReporter,
+    stop: asyncio.Event,
 ) -> RebuildResult:
     stream = settings.eventstore.stream
     rm.ensure_live(projection, stream)
@@ -162,6 +166,8 @@ async def _rebuild(
             async for events in source.batches(writer.checkpoint + 1, to_position=upto, batch=batch):
                 if lease.lost.is_set():
                     raise RebuildError(f"The rebuild lease of {projection.name!r} was lost; abandoning the rebuild.")
+                if stop.is_set():
+                    raise RebuildError(f"Rebuild of {projection.name!r} cancelled; readers still see the old model.")
                 counters.skipped += events.skipped
                 applier.apply(events.events, through=events.last_position)
                 progress.update(writer.checkpoint)
@@ -170,6 +176,8 @@ async def _rebuild(
                 await asyncio.sleep(0)
             applier.advance(upto)
             progress.update(writer.checkpoint)
+            if stop.is_set():
+                raise RebuildError(f"Rebuild of {projection.name!r} cancelled; readers still see the old model.")
             # The shadow has every event up to `upto`: switch if that covers what the live model has applied.
             if rm.switch(writer.generation):
                 switched = True
