@@ -384,20 +384,38 @@ class EventStore:
         return StoreInfo(self.settings.stream, state.last_seq, state.first_seq, state.messages, state.bytes)
 
     async def catalogue(self, category: str, *, offset: int = 0, limit: int = 1000) -> list[EntityInfo]:
-        """A page of a category's entities, sorted by id, each with its version (event count) and commit count."""
-        subject_filter = f"{self.settings.subject_prefix}.{validate_category(category)}.*"
-        js = self.nc.jetstream(timeout=self.settings.request_timeout_s)
-        info = await js.stream_info(self.settings.stream, subjects_filter=subject_filter)
-        subjects = sorted((info.state.subjects or {}).items())[offset : offset + limit]
-        if not subjects:
-            return []
-        lasts = await self._appender.direct_get({"multi_last": [s for s, _ in subjects], "batch": len(subjects)})
-        versions = {m.headers[Header.SUBJECT]: int(m.headers[Header.VERSION]) for m in lasts if m.headers}
+        """A page of a category's entities, sorted by id, each with its version (event count) and commit count.
+
+        Built from stream info's per-subject counts (``subjects_filter``) and
+        multi-last direct gets: no index of our own, no scan of the events.
+        """
+        subjects = (await self._subject_counts(f"{validate_category(category)}.*"))[offset : offset + limit]
+        versions = await self._last_versions([s for s, _ in subjects])
         prefix_len = len(self.settings.subject_prefix) + len(category) + 2
         return [
             EntityInfo(StreamId(category, decode_entity_id(s[prefix_len:])), versions.get(s, 0), commits)
             for s, commits in subjects
         ]
+
+    async def event_count(self) -> int:
+        """How many events the store holds (the sum of every entity's version; one multi-last get per 1,000 entities)."""
+        subjects = await self._subject_counts(">")
+        return sum((await self._last_versions([s for s, _ in subjects])).values())
+
+    async def _subject_counts(self, pattern: str) -> list[tuple[str, int]]:
+        js = self.nc.jetstream(timeout=self.settings.request_timeout_s)
+        info = await js.stream_info(self.settings.stream, subjects_filter=f"{self.settings.subject_prefix}.{pattern}")
+        return sorted((info.state.subjects or {}).items())
+
+    async def _last_versions(self, subjects: list[str]) -> dict[str, int]:
+        versions: dict[str, int] = {}
+        # The server answers a multi-last get for at most 1,024 subjects (413 beyond).
+        for start in range(0, len(subjects), 1000):
+            chunk = subjects[start : start + 1000]
+            for msg in await self._appender.direct_get({"multi_last": chunk, "batch": len(chunk)}):
+                headers = msg.headers or {}
+                versions[headers[Header.SUBJECT]] = int(headers[Header.VERSION])
+        return versions
 
 
 class _Connecting:

@@ -129,6 +129,16 @@ async def test_catalogue_and_info(store: EventStore) -> None:
     assert [e.stream_id.entity_id for e in await store.catalogue("Account", offset=1, limit=5)] == ["b@x.io"]
     info = await store.info()
     assert (info.last_position, info.commits) == (4, 4)
+    assert await store.event_count() == 5
+
+
+async def test_catalogue_pages_past_the_servers_multi_last_limit(store: EventStore) -> None:
+    await asyncio.gather(
+        *(store.append(StreamId("Account", f"{i:05d}"), [Note(text="x")] * (1 + i % 3), NO_STREAM) for i in range(1500))
+    )
+    page = await store.catalogue("Account", limit=2000)
+    assert len(page) == 1500 and [e.version for e in page[:4]] == [1, 2, 3, 1]
+    assert await store.event_count() == sum(1 + i % 3 for i in range(1500))
 
 
 async def test_unknown_types_and_bad_payloads_raise_on_read(store: EventStore, nats_url: str) -> None:
