@@ -30,6 +30,7 @@ StoredMsg = tuple[int, Msg]
 """A stream message with its stream sequence."""
 
 _NS = 1_000_000_000
+_background: set[asyncio.Future[None]] = set()
 
 
 class OrderedPull:
@@ -131,8 +132,11 @@ class OrderedPull:
     def _delete_consumer(self) -> None:
         if self._consumer and not self._nc.is_closed:
             name, self._consumer = self._consumer, ""
-            # Fire and forget: the consumer also expires by itself when inactive.
-            asyncio.ensure_future(self._quiet_publish(f"{self._api}.CONSUMER.DELETE.{self._stream}.{name}"))
+            # Fire and forget (the consumer also expires by itself when inactive); keep
+            # a reference so the task is not garbage-collected half-way.
+            task = asyncio.ensure_future(self._quiet_publish(f"{self._api}.CONSUMER.DELETE.{self._stream}.{name}"))
+            _background.add(task)
+            task.add_done_callback(_background.discard)
 
     async def _quiet_publish(self, subject: str) -> None:
         try:
