@@ -229,7 +229,7 @@ def test_merge_refuses_several_rows_per_key_and_other_columns(spark: SparkSessio
     assert recorded_position(spark, path, "app") == 4
 
 
-def test_null_keys_merge_in_place(spark: SparkSession, tmp_path: Path) -> None:
+def test_merge_edge_cases_null_keys_and_empty_updates(spark: SparkSession, tmp_path: Path) -> None:
     path = tmp_path / "nullable"
     schema = "k STRING, v BIGINT"
     full_rebuild(spark.createDataFrame([(None, 1), ("x", 1)], schema), path, app_id="app", position=1)
@@ -237,6 +237,11 @@ def test_null_keys_merge_in_place(spark: SparkSession, tmp_path: Path) -> None:
     # Null-safe key equality: the null key is updated, not inserted a second time.
     found = deltalake.DeltaTable(str(path)).to_pyarrow_table().to_pylist()
     assert sorted(found, key=lambda r: str(r["k"])) == [{"k": None, "v": 2}, {"k": "x", "v": 1}]
+
+    # A range without changes still commits, so the table records that it is up to date.
+    empty = incremental_merge(spark.createDataFrame([], schema), path, keys=["k"], app_id="app", position=3)
+    assert (empty.applied, empty.table_version, empty.recorded_position) == (True, 2, 3)
+    assert deltalake.DeltaTable(str(path)).to_pyarrow_table().num_rows == 2
 
 
 def test_concurrent_merges_of_the_same_range_apply_once(spark: SparkSession, tmp_path: Path) -> None:
