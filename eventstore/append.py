@@ -27,7 +27,7 @@ import json
 import secrets
 import uuid
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from nats.aio.client import Client as NATS
@@ -161,10 +161,7 @@ class Appender:
 
     async def find_append(self, stream_id: StreamId, idempotency_key: str) -> AppendResult | None:
         """The commit an earlier append with ``idempotency_key`` stored on this entity, if any."""
-        subject = stream_id.subject(self._settings.subject_prefix)
-        seq = 1
-        while True:
-            msgs = await self.direct_get({"seq": seq, "next_by_subj": subject, "batch": 1000})
+        async for msgs in self.subject_pages(stream_id.subject(self._settings.subject_prefix)):
             for msg in msgs:
                 headers = msg.headers or {}
                 msg_id = headers.get(Header.MSG_ID, "")
@@ -172,8 +169,17 @@ class Appender:
                     count = headers[Header.TYPE].count(",") + 1
                     last = int(headers[Header.VERSION])
                     return AppendResult(stream_id, int(headers[Header.SEQUENCE]), last - count + 1, last, True)
+        return None
+
+    async def subject_pages(self, subject: str, from_seq: int = 1, page: int = 1000) -> AsyncIterator[list[Msg]]:
+        """Every message on ``subject`` from ``from_seq`` on, in pages of direct get batches."""
+        seq = from_seq
+        while True:
+            msgs = await self.direct_get({"seq": seq, "next_by_subj": subject, "batch": page})
+            if msgs:
+                yield msgs
             if not msgs or (msgs[-1].headers or {}).get(Header.NUM_PENDING, "0") == "0":
-                return None
+                return
             seq = int((msgs[-1].headers or {})[Header.SEQUENCE]) + 1
 
     # -- building commits ---------------------------------------------------
@@ -344,7 +350,8 @@ class Appender:
             else:  # the expected position is unknown: search the entity's commits for ours
                 msgs = [
                     m
-                    for m in await self.direct_get({"seq": 1, "next_by_subj": c.subject, "batch": 100_000})
+                    async for page in self.subject_pages(c.subject)
+                    for m in page
                     if (m.headers or {}).get(Header.MSG_ID) == c.msg_id
                 ]
             if not msgs or (msgs[0].headers or {}).get(Header.MSG_ID) != c.msg_id:

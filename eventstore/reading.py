@@ -28,8 +28,6 @@ from .wire import Header, decode_commit
 
 __all__ = ["Reader"]
 
-_DIRECT_BATCH = 1000
-
 
 class Reader:
     """Reads commits back as :class:`RecordedEvent` objects; one per event store connection."""
@@ -76,18 +74,12 @@ class Reader:
                 for seq, msg in batch:
                     events.extend(decode_commit(stream_id, seq, msg.headers, msg.data, self._registry))
         else:
-            seq = from_position
-            while True:
-                msgs = await self._appender.direct_get({"seq": seq, "next_by_subj": subject, "batch": _DIRECT_BATCH})
+            async for msgs in self._appender.subject_pages(subject, from_position):
                 for msg in msgs:
                     headers = msg.headers or {}
-                    seq = int(headers[Header.SEQUENCE])
-                    events.extend(decode_commit(stream_id, seq, headers, msg.data, self._registry))
-                if not msgs or (msgs[-1].headers or {}).get(Header.NUM_PENDING, "0") == "0":
-                    break
+                    events.extend(decode_commit(stream_id, int(headers[Header.SEQUENCE]), headers, msg.data, self._registry))
                 if to_version is not None and events and events[-1].version >= to_version:
                     break
-                seq += 1
         if events:
             last = events[-1]
             self._appender.remember(stream_id, last.version, last.position)
