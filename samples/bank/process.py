@@ -61,7 +61,8 @@ class TransferProcess:
     """The transfer process manager on one event-store connection: its :class:`~projections.Reactor` and repositories.
 
     Run it with :meth:`worker` (any number of workers, in any processes, share
-    the reactor's durable consumer named :attr:`NAME`).
+    the reactor's durable consumer, named :attr:`NAME` unless ``name`` says
+    otherwise). ``retry_backoff_s`` and ``ack_wait_s`` go to the reactor.
     """
 
     NAME = "transfer-process"
@@ -70,6 +71,7 @@ class TransferProcess:
         self,
         store: EventStore,
         *,
+        name: str = NAME,
         simulate_crashes: int = 0,
         retry_backoff_s: Sequence[float] = (0.1, 1.0, 5.0),
         ack_wait_s: float = 30.0,
@@ -81,7 +83,7 @@ class TransferProcess:
         self._crashed: set[str] = set()
         self.store = store
         self.reactor = Reactor(
-            self.NAME,
+            name,
             handlers={TransferRequested: self._on_requested, TransferDebited: self._on_debited},
             categories=[Transfer.category],
             retry_backoff_s=retry_backoff_s,
