@@ -471,6 +471,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         report.console.print_exception(max_frames=8)
         where = f" during step '{report.current_step}'" if report.current_step else ""
         report.console.print(f"\n[bold red]The demo failed{where}: {type(exc).__name__}: {exc}[/]")
+        if report.current_step.startswith("Spark"):
+            report.console.print("Everything before Spark worked; `python -m samples.demo --skip-spark` leaves it out.")
         return 1
     if report.failed:
         report.console.print("[bold red]The demo ran, but these checks failed:[/]")
