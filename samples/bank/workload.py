@@ -82,8 +82,11 @@ class Tally:
             self.refusals.append(f"{kind}: {error}")
 
 
-def plan(accounts: int, commands: int, *, seed: int = 2025) -> tuple[list[Customer], list[Command]]:
+def plan(accounts: int, commands: int, *, seed: int = 2025, prefix: str = "") -> tuple[list[Customer], list[Command]]:
     """Customers for ``accounts`` accounts (about three per owner) and ``commands`` commands on them.
+
+    Command ids (and transfer ids) start with ``prefix``: give each batch of
+    commands its own, since a repeated id is a retry and stores nothing.
 
     The mix: 35% deposits, 30% withdrawals (some overdraw and are refused),
     20% atomic transfers, 15% process-manager transfers (one in twenty of
@@ -109,15 +112,15 @@ def plan(accounts: int, commands: int, *, seed: int = 2025) -> tuple[list[Custom
         while other == account:
             other = rng.choice(ids)
         if roll < 0.35:
-            out.append(Command("deposit", f"dep-{n}", account, rng.randrange(10_00, 500_00), day))
+            out.append(Command("deposit", f"{prefix}dep-{n}", account, rng.randrange(10_00, 500_00), day))
         elif roll < 0.65:
-            out.append(Command("withdraw", f"wdr-{n}", account, rng.randrange(10_00, 900_00), day))
+            out.append(Command("withdraw", f"{prefix}wdr-{n}", account, rng.randrange(10_00, 900_00), day))
         elif roll < 0.85:
-            out.append(Command("transfer", f"atx-{n}", account, rng.randrange(10_00, 700_00), day, other))
+            out.append(Command("transfer", f"{prefix}atx-{n}", account, rng.randrange(10_00, 700_00), day, other))
         else:
             if rng.random() < 0.05:
                 other = MISSING_ACCOUNT
-            out.append(Command("request_transfer", f"ptx-{n}", account, rng.randrange(10_00, 700_00), day, other))
+            out.append(Command("request_transfer", f"{prefix}ptx-{n}", account, rng.randrange(10_00, 700_00), day, other))
     return customers, out
 
 
