@@ -700,6 +700,8 @@ class _RangePull:
                 self._requests.popleft()
             if status == b"409" and (b"Deleted" in line or b"Leadership" in line):
                 self._reset = True
+        elif status == b"503":  # no responders: the consumer is gone (deleted, or the server restarted)
+            self._reset = True
 
     def _finished(self) -> bool:
         return self.next_seq > self._stop or self._pending == 0
