@@ -14,6 +14,7 @@ Run one with ``jetsourcing run projection_examples:AccountBalances`` (with
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 from collections.abc import Sequence
@@ -205,8 +206,6 @@ async def append_workload(
             queues[account] = []
             order.append(account)
         queues[account].append(events)
-    import asyncio
-
     sem = asyncio.Semaphore(concurrency)
 
     async def one(account: str) -> None:
@@ -214,7 +213,8 @@ async def append_workload(
             for events in queues[account]:
                 await store.append(StreamId(ACCOUNT, account), events)
 
-    await asyncio.gather(*(one(a) for a in order))
+    async with asyncio.timeout(max(120.0, len(appends) / 100)):
+        await asyncio.gather(*(one(a) for a in order))
 
 
 class AccountBalancesV2(AccountBalances):

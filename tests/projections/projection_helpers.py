@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -34,7 +35,8 @@ def make_settings(nats_url: str, database: Path, **overrides: object) -> Project
 
 async def burst(projections: Sequence[Projection], settings: ProjectionSettings, es: EventStore | None = None) -> None:
     """Run the daemon in burst mode (the production code path) and check every projection caught up."""
-    outcomes = await Daemon(projections, settings, event_store=es).run(until_caught_up=True)
+    async with asyncio.timeout(120):  # a hang fails here, with the awaited frame in the traceback
+        outcomes = await Daemon(projections, settings, event_store=es).run(until_caught_up=True)
     assert all(o.value == "caught_up" for o in outcomes.values()), outcomes
 
 
@@ -55,8 +57,9 @@ async def memory_fold(projection: Projection, es: EventStore) -> dict[str, list[
     """The read model the in-memory fold (what Spark runs) gives over the whole stream."""
     projection.bind(es.registry)
     store = MemoryStore.for_projection(projection)
-    async for batch in es.read_all(categories=projection.categories):
-        fold(projection, batch, store)
+    async with asyncio.timeout(120):
+        async for batch in es.read_all(categories=projection.categories):
+            fold(projection, batch, store)
     return store.dump()
 
 
@@ -98,7 +101,6 @@ def checkpoint(settings: ProjectionSettings, name: str) -> int:
 
 async def wait_until(condition: Callable[[], object], timeout_s: float = 20.0, what: str = "condition") -> None:
     """Poll ``condition`` every 20 ms until it is true; fail after ``timeout_s``."""
-    import asyncio
     import time
 
     deadline = time.monotonic() + timeout_s
