@@ -56,7 +56,7 @@ async def test_live_following_applies_each_append_within_milliseconds(
     latencies.sort()
     p99 = latencies[98]
     print(f"live latency p50 {statistics.median(latencies) * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms")
-    assert p99 < 0.25  # the benchmark holds the real target (< 100 ms); this bound only catches regressions
+    assert p99 < 1.0  # the benchmark holds the real target (< 100 ms); this only catches gross regressions on a busy CI box
     assert dump(psettings, "account_balances") == await memory_fold(AccountBalances(), es)
 
 
@@ -193,7 +193,7 @@ async def test_second_daemon_waits_and_takes_over_when_the_first_dies(
         first = next(p for p in procs if p.pid == owner_pid)
         second = next(p for p in procs if p.pid != owner_pid)
         second_log = logs[procs.index(second)]
-        await wait_until(lambda: b"waiting to take over" in (second_log.seek(0) or second_log.read()), 10,
+        await wait_until(lambda: b"waiting to take over" in (second_log.seek(0) or second_log.read()), 30,
                          "the second daemon to wait")
         assert b"owning generation" not in (second_log.seek(0) or second_log.read())
 
