@@ -1,0 +1,728 @@
+"""Run projections in Spark and materialise them into Delta tables, in full or incrementally.
+
+Two kinds of projection run here:
+
+* **The daemon's own definitions** (:class:`projections.Projection`): the same
+  handlers that keep the SQLite read model up to date fold the events in
+  Spark. Events are grouped per entity (``stream_id``, or another group
+  column), sorted by ``(position, index)`` and applied group by group to an
+  in-memory :class:`projections.MemoryStore` inside ``mapInArrow`` tasks; the
+  stores' rows are the read-model tables. **Constraint:** a group is folded
+  without seeing other groups, so a handler may only read and write rows that
+  belong to its event's group (keys derived from ``event.stream_id`` or the
+  event itself). Two groups writing the same row fail the run with
+  :class:`FoldConstraintError`; a handler that *reads* another group's row
+  silently sees nothing, so keep handlers entity-local.
+* **DataFrame projections** (:class:`DataFrameProjection`): a plain function
+  from the events DataFrame to the read-model DataFrame - aggregations, joins
+  across categories, anything Spark does.
+
+Each table lives in its own Delta table at ``<root>/<table name>`` and every
+write records the stream position it reflects (see
+:mod:`spark_projections.delta`), under the app id ``<name>.v<version>`` (a new
+version rebuilds instead of being skipped as "already recorded"):
+
+* :func:`rebuild` computes every table from the whole history up to the
+  stream's last position and replaces each table in one commit;
+* :func:`update` reads only the events after the recorded position. A fold
+  projection loads the current rows of the affected groups from Delta as the
+  fold's starting state (tables of fold projections carry a
+  ``_jetsourcing_group`` column for that) and merges the groups' new rows,
+  deleting rows the handlers deleted; a DataFrame projection combines its
+  partial result with the stored rows per column (``combine``). Running it
+  again with no new events changes nothing, and the result equals a rebuild.
+
+Example::
+
+    from projections import Projection
+    from spark_projections.projection import rebuild, update
+
+    rebuild(spark, AccountBalances(), settings, "/lake/accounts")   # /lake/accounts/balances, .../closures
+    update(spark, AccountBalances(), settings, "/lake/accounts")    # later: only the new events
+
+From a shell: ``python -m spark_projections.projection rebuild myapp.views:AccountBalances --root /lake/accounts``.
+
+Executors must import the projection's module (an installed package, or
+``spark.sparkContext.addPyFile``). Handler errors fail the Spark job (the
+daemon's ``dead_letter`` policy does not apply here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import importlib
+import os
+import sys
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import pyarrow as pa
+from delta.tables import DeltaTable
+from pyspark import StorageLevel
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    BinaryType,
+    BooleanType,
+    DataType,
+    DoubleType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+)
+
+from eventstore import EventStoreSettings, RecordedEvent, StreamId, TypeRegistry
+from projections import MemoryStore, Projection, Table, fold
+from spark_projections.delta import WriteResult, full_rebuild, incremental_merge, recorded_position
+from spark_projections.errors import SparkProjectionError
+from spark_projections.source import EVENTS_SCHEMA, read_events, stream_bounds
+
+__all__ = [
+    "GROUP_COLUMN",
+    "Combine",
+    "DataFrameProjection",
+    "FoldConstraintError",
+    "ProjectionRun",
+    "add_commands",
+    "app_id_of",
+    "fold_tables",
+    "main",
+    "rebuild",
+    "run_command",
+    "table_schema",
+    "update",
+]
+
+GROUP_COLUMN = "_jetsourcing_group"
+"""Column of fold projections' Delta tables: the group (entity) whose events produced the row."""
+
+_KIND = "_jetsourcing_kind"  # 0: a stored row (fold start state), 1: an event
+_TABLE = "_jetsourcing_table"  # which of the projection's tables a state/output row belongs to
+_DELETED = "_jetsourcing_deleted"  # output tombstone: the row existed at the start and was deleted
+_OUTPUT_ROWS = 5000  # rows per Arrow batch a fold task emits
+
+Combine = Literal["sum", "min", "max", "last", "first"] | Callable[[Column, Column], Column]
+"""How :func:`update` merges a column of a DataFrame projection's partial result into the stored row.
+
+``"sum"`` adds them; ``"min"`` / ``"max"`` keep the extreme; ``"last"`` takes the new value
+unless it is null; ``"first"`` keeps the stored value unless it is null; a callable gets
+``(stored, new)`` columns (stored is null for a new key) and returns the merged column.
+"""
+
+_PYTHON_TO_SPARK: dict[type, DataType] = {
+    str: StringType(),
+    int: LongType(),
+    float: DoubleType(),
+    bool: BooleanType(),
+    bytes: BinaryType(),
+}
+
+
+class FoldConstraintError(SparkProjectionError):
+    """Several groups wrote the same read-model row, so the projection cannot be folded per group.
+
+    ``table`` is the table, ``examples`` some offending keys with the groups that wrote them.
+    """
+
+    def __init__(self, projection: str, table: str, group_by: str, examples: Sequence[tuple[Any, list[str]]]) -> None:
+        self.projection = projection
+        self.table = table
+        self.examples = tuple(examples)
+        shown = "; ".join(f"key {key!r} by {', '.join(groups[:3])}" for key, groups in examples)
+        super().__init__(
+            f"{projection}: rows of table {table!r} were written while folding several {group_by} groups ({shown}). "
+            f"Spark folds each {group_by} group on its own, so handlers may only touch rows keyed by their event's "
+            "group; fold by a coarser column (group_by=...), or write this read model as a DataFrameProjection."
+        )
+
+
+@dataclass(frozen=True)
+class DataFrameProjection:
+    """A read model computed by a plain function from the events DataFrame.
+
+    ``build`` gets the events (:data:`~spark_projections.source.EVENTS_SCHEMA`,
+    limited to ``categories``) and returns one row per ``keys``. For
+    :func:`update` it gets only the new events; ``combine`` (column -> how, see
+    :data:`Combine`; unlisted columns: ``"last"``) then merges the partial rows
+    into the stored ones. Without ``combine``, :func:`update` rebuilds.
+    """
+
+    name: str
+    build: Callable[[DataFrame], DataFrame]
+    keys: tuple[str, ...]
+    categories: tuple[str, ...] | None = None
+    version: int = 1
+    combine: Mapping[str, Combine] | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.keys, str):
+            object.__setattr__(self, "keys", (self.keys,))
+        if isinstance(self.categories, str):
+            object.__setattr__(self, "categories", (self.categories,))
+        if not self.keys:
+            raise ValueError(f"DataFrameProjection {self.name!r} needs at least one key column.")
+
+
+AnyProjection = Projection | DataFrameProjection
+
+
+@dataclass(frozen=True)
+class ProjectionRun:
+    """What :func:`rebuild` / :func:`update` did.
+
+    ``mode`` is ``"rebuild"`` (tables replaced), ``"merge"`` (new rows merged) or
+    ``"noop"`` (nothing new; nothing written). ``from_position`` is the first
+    stream position read, ``position`` the one the tables now reflect, ``tables``
+    each table's :class:`~spark_projections.delta.WriteResult` (empty for noop).
+    """
+
+    projection: str
+    app_id: str
+    mode: Literal["rebuild", "merge", "noop"]
+    from_position: int
+    position: int
+    tables: dict[str, WriteResult] = field(default_factory=dict)
+
+
+def app_id_of(projection: AnyProjection) -> str:
+    """The Delta app id a projection's writes are recorded under: ``<name>.v<version>``."""
+    return f"{projection.name}.v{projection.version}"
+
+
+def table_names(projection: AnyProjection) -> list[str]:
+    """The projection's table names (a DataFrame projection has one, named after it)."""
+    if isinstance(projection, DataFrameProjection):
+        return [projection.name]
+    return [table.name for table in projection.tables]
+
+
+def table_schema(table: Table) -> StructType:
+    """The Spark schema of a fold projection's Delta table: declared columns, then :data:`GROUP_COLUMN`."""
+    fields = [StructField(c.name, _PYTHON_TO_SPARK[c.type], nullable=True) for c in table.columns]
+    return StructType([*fields, StructField(GROUP_COLUMN, StringType(), nullable=True)])
+
+
+# -- running ---------------------------------------------------------------------------------------
+
+
+def rebuild(
+    spark: SparkSession,
+    projection: AnyProjection,
+    settings: EventStoreSettings,
+    root: str | os.PathLike[str],
+    *,
+    registry: TypeRegistry | None = None,
+    to_position: int | None = None,
+    partitions: int | None = None,
+    group_by: str = "stream_id",
+) -> ProjectionRun:
+    """Compute every table of ``projection`` from the whole history and replace it, one commit per table.
+
+    Reads positions 1..``to_position`` (default: the stream's last position now)
+    and records that position. ``registry`` decodes ``event.data`` for fold
+    projections (default: a new one the projection registers its events in).
+    ``partitions`` is the number of parallel stream reads (default: Spark's
+    default parallelism). A table already recorded at that position is left
+    alone (``applied=False``), so re-running after a crash finishes the job.
+    """
+    high = _last_position(settings) if to_position is None else to_position
+    return _rebuild(spark, projection, settings, Path(root), registry, high, partitions, group_by)
+
+
+def update(
+    spark: SparkSession,
+    projection: AnyProjection,
+    settings: EventStoreSettings,
+    root: str | os.PathLike[str],
+    *,
+    registry: TypeRegistry | None = None,
+    to_position: int | None = None,
+    partitions: int | None = None,
+    group_by: str = "stream_id",
+) -> ProjectionRun:
+    """Bring the tables from their recorded position up to ``to_position`` (default: the last position).
+
+    Reads only the newer events and merges the changed rows, one commit per
+    table. Falls back to :func:`rebuild` when a table has no recorded position
+    for this projection version, when the tables disagree (an interrupted run)
+    or for a DataFrame projection without ``combine``. Nothing new: ``noop``.
+    """
+    root = Path(root)
+    app_id = app_id_of(projection)
+    high = _last_position(settings) if to_position is None else to_position
+    recorded = {recorded_position(spark, root / name, app_id) for name in table_names(projection)}
+    if None in recorded or len(recorded) != 1:
+        return _rebuild(spark, projection, settings, root, registry, high, partitions, group_by)
+    (low,) = recorded
+    assert low is not None
+    if high <= low:
+        return ProjectionRun(projection.name, app_id, "noop", low + 1, low)
+    if isinstance(projection, DataFrameProjection) and projection.combine is None:
+        return _rebuild(spark, projection, settings, root, registry, high, partitions, group_by)
+    events = read_events(spark, settings, categories=projection.categories, from_position=low + 1,
+                         to_position=high, partitions=partitions)
+    if isinstance(projection, DataFrameProjection):
+        return _merge_dataframe(projection, events, root, app_id, low, high)
+    return _merge_fold(projection, events, root, app_id, low, high, registry, group_by)
+
+
+def _rebuild(
+    spark: SparkSession,
+    projection: AnyProjection,
+    settings: EventStoreSettings,
+    root: Path,
+    registry: TypeRegistry | None,
+    high: int,
+    partitions: int | None,
+    group_by: str,
+) -> ProjectionRun:
+    app_id = app_id_of(projection)
+    events = read_events(spark, settings, categories=projection.categories, to_position=high, partitions=partitions)
+    if isinstance(projection, DataFrameProjection):
+        result = full_rebuild(projection.build(events), root / projection.name, app_id=app_id, position=high)
+        return ProjectionRun(projection.name, app_id, "rebuild", 1, high, {projection.name: result})
+    folded = _fold(projection, events, registry, group_by, state=None).persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        tables = _split(projection, folded)
+        _check_one_writer(projection, tables, group_by)
+        results = {
+            name: full_rebuild(frame.drop(_DELETED), root / name, app_id=app_id, position=high)
+            for name, frame in tables.items()
+        }
+    finally:
+        folded.unpersist()
+    return ProjectionRun(projection.name, app_id, "rebuild", 1, high, results)
+
+
+def _merge_fold(
+    projection: Projection,
+    events: DataFrame,
+    root: Path,
+    app_id: str,
+    low: int,
+    high: int,
+    registry: TypeRegistry | None,
+    group_by: str,
+) -> ProjectionRun:
+    spark = events.sparkSession
+    registry = _bound(projection, registry)
+    # Read the stream once: the affected groups and the fold both need the new events.
+    handled = events.where(F.col("type").isin(sorted(projection.handled_types))).persist(StorageLevel.MEMORY_AND_DISK)
+    affected = handled.select(F.col(group_by).cast("string").alias(GROUP_COLUMN)).distinct()
+    state = [_stored(spark, root / table.name).join(affected, GROUP_COLUMN, "left_semi") for table in projection.tables]
+    folded = _fold(projection, handled, registry, group_by, state=state).persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        # Computed in full once, before the first table changes; should Spark recompute a
+        # lost partition later, the pinned table versions above give it the same start state.
+        if folded.count() == 0:
+            return ProjectionRun(projection.name, app_id, "noop", low + 1, low)
+        tables = _split(projection, folded)
+        results = {
+            table.name: incremental_merge(
+                tables[table.name], root / table.name, keys=table.key, app_id=app_id, position=high,
+                deleted_col=_DELETED,
+            )
+            for table in projection.tables
+        }
+    finally:
+        folded.unpersist()
+        handled.unpersist()
+    return ProjectionRun(projection.name, app_id, "merge", low + 1, high, results)
+
+
+def _merge_dataframe(
+    projection: DataFrameProjection, events: DataFrame, root: Path, app_id: str, low: int, high: int
+) -> ProjectionRun:
+    spark = events.sparkSession
+    path = root / projection.name
+    partial = projection.build(events).persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        if partial.isEmpty():
+            return ProjectionRun(projection.name, app_id, "noop", low + 1, low)
+        keys = list(projection.keys)
+        stored = _stored(spark, path).join(partial.select(*keys), keys, "left_semi")
+        combine = projection.combine or {}
+        merged = partial.alias("n").join(stored.alias("o"), keys, "left").select(
+            *keys,
+            *[
+                _combine(combine.get(c, "last"), F.col(f"o.`{c}`"), F.col(f"n.`{c}`")).alias(c)
+                for c in partial.columns
+                if c not in keys
+            ],
+        )
+        result = incremental_merge(merged, path, keys=keys, app_id=app_id, position=high)
+    finally:
+        partial.unpersist()
+    return ProjectionRun(projection.name, app_id, "merge", low + 1, high, {projection.name: result})
+
+
+def _stored(spark: SparkSession, path: Path) -> DataFrame:
+    """The table's rows at its current version, pinned: a recomputation never sees our own later commits."""
+    version = DeltaTable.forPath(spark, str(path)).history(1).select("version").first()
+    assert version is not None
+    return spark.read.format("delta").option("versionAsOf", version[0]).load(str(path))
+
+
+def _combine(how: Combine, stored: Column, new: Column) -> Column:
+    if callable(how):
+        return how(stored, new)
+    if how == "sum":
+        return F.when(stored.isNull(), new).when(new.isNull(), stored).otherwise(stored + new)
+    if how == "min":
+        return F.least(stored, new)
+    if how == "max":
+        return F.greatest(stored, new)
+    if how == "last":
+        return F.coalesce(new, stored)
+    if how == "first":
+        return F.coalesce(stored, new)
+    raise ValueError(f"Unknown combine {how!r}: use 'sum', 'min', 'max', 'last', 'first' or a function.")
+
+
+# -- folding the daemon's projections ---------------------------------------------------------------
+
+
+def fold_tables(
+    projection: Projection,
+    events: DataFrame,
+    *,
+    registry: TypeRegistry | None = None,
+    group_by: str = "stream_id",
+) -> dict[str, DataFrame]:
+    """The read-model tables ``projection``'s handlers build from ``events`` (table name -> rows).
+
+    Each DataFrame has :func:`table_schema`'s columns. Lazy: nothing runs until
+    an action; use :func:`rebuild` to write them with their position.
+    """
+    folded = _fold(projection, events, registry, group_by, state=None)
+    return {name: frame.drop(_DELETED) for name, frame in _split(projection, folded).items()}
+
+
+def _bound(projection: Projection, registry: TypeRegistry | None) -> TypeRegistry:
+    registry = registry if registry is not None else TypeRegistry()
+    projection.bind(registry)
+    return registry
+
+
+def _value_column(index: int, column: str) -> str:
+    return f"_jetsourcing_t{index}_{column}"
+
+
+def _fold_schema(projection: Projection) -> StructType:
+    """Rows a fold emits (and reads back as its start state): group, table, tombstone, every table's columns."""
+    fields = [
+        StructField(GROUP_COLUMN, StringType()),
+        StructField(_TABLE, IntegerType()),
+        StructField(_DELETED, BooleanType()),
+    ]
+    for i, table in enumerate(projection.tables):
+        fields += [StructField(_value_column(i, c.name), _PYTHON_TO_SPARK[c.type]) for c in table.columns]
+    return StructType(fields)
+
+
+_EVENT_COLUMNS = ("position", "index", "stream_id", "version", "type", "schema_version", "event_id",
+                  "correlation_id", "causation_id", "recorded_at", "payload")
+
+
+def _fold(
+    projection: Projection,
+    events: DataFrame,
+    registry: TypeRegistry | None,
+    group_by: str,
+    state: Sequence[DataFrame] | None,
+) -> DataFrame:
+    """Fold the handled events group by group; ``state`` holds each table's stored rows of the affected groups."""
+    registry = _bound(projection, registry)
+    spark = events.sparkSession
+    out_schema = _fold_schema(projection)
+    event_types = {f.name: f.dataType for f in EVENTS_SCHEMA.fields}
+    handled = events.where(F.col("type").isin(sorted(projection.handled_types)))
+    # One input stream per task: state rows (kind 0) then events (kind 1), per group.
+    inputs = handled.select(
+        F.col(group_by).cast("string").alias(GROUP_COLUMN),
+        F.lit(1).alias(_KIND),
+        *[F.col(c) for c in _EVENT_COLUMNS],
+        *[F.lit(None).cast(f.dataType).alias(f.name) for f in out_schema.fields[1:]],
+    )
+    for i, (table, rows) in enumerate(zip(projection.tables, state or ())):
+        values = {_value_column(i, c.name): F.col(c.name) for c in table.columns}
+        inputs = inputs.unionByName(
+            rows.select(
+                F.col(GROUP_COLUMN),
+                F.lit(0).alias(_KIND),
+                *[F.lit(None).cast(event_types[c]).alias(c) for c in _EVENT_COLUMNS],
+                F.lit(i).alias(_TABLE),
+                F.lit(False).alias(_DELETED),
+                *[
+                    values.get(f.name, F.lit(None)).cast(f.dataType).alias(f.name)
+                    for f in out_schema.fields[3:]
+                ],
+            )
+        )
+    partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or "2")
+    ordered = inputs.repartition(partitions, GROUP_COLUMN).sortWithinPartitions(
+        GROUP_COLUMN, _KIND, "position", "index"
+    )
+    folder = _GroupFolder(projection, registry, incremental=state is not None)
+    return ordered.mapInArrow(folder, out_schema)
+
+
+def _split(projection: Projection, folded: DataFrame) -> dict[str, DataFrame]:
+    """Each table's rows (declared columns, the group, the tombstone) from the folded rows."""
+    out = {}
+    for i, table in enumerate(projection.tables):
+        out[table.name] = folded.where(F.col(_TABLE) == i).select(
+            *[F.col(_value_column(i, c.name)).alias(c.name) for c in table.columns],
+            F.col(GROUP_COLUMN),
+            F.col(_DELETED),
+        )
+    return out
+
+
+def _check_one_writer(projection: Projection, tables: Mapping[str, DataFrame], group_by: str) -> None:
+    for table in projection.tables:
+        keys = [F.col(f"`{k}`") for k in table.key]
+        clashes = (
+            tables[table.name]
+            .groupBy(*keys)
+            .agg(F.count(F.lit(1)).alias("rows"), F.collect_set(GROUP_COLUMN).alias("groups"))
+            .where(F.col("rows") > 1)
+            .limit(3)
+            .collect()
+        )
+        if clashes:
+            examples = [
+                (row[0] if len(table.key) == 1 else tuple(row[: len(table.key)]), sorted(row["groups"]))
+                for row in clashes
+            ]
+            raise FoldConstraintError(projection.name, table.name, group_by, examples)
+
+
+class _GroupFolder:
+    """The ``mapInArrow`` function: folds each group of a sorted partition into a MemoryStore.
+
+    Picklable (shipped to the executors with the projection and registry).
+    Input rows are sorted by (group, kind, position, index), so a group's stored
+    rows come before its events, and its events in stream order.
+    """
+
+    def __init__(self, projection: Projection, registry: TypeRegistry, *, incremental: bool) -> None:
+        self.projection = projection
+        self.registry = registry
+        self.incremental = incremental
+
+    def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        projection, registry = self.projection, self.registry
+        projection.bind(registry)
+        tables = projection.tables
+        names = [t.name for t in tables]
+        columns = [[_value_column(i, c.name) for c in t.columns] for i, t in enumerate(tables)]
+        emitter = _Emitter(projection)
+        streams: dict[str, StreamId] = {}
+        group: str | None = None
+        store = MemoryStore.for_projection(projection)
+        events: list[RecordedEvent] = []
+        for batch in batches:
+            data = batch.to_pydict()
+            groups, kinds = data[GROUP_COLUMN], data[_KIND]
+            for r in range(batch.num_rows):
+                if groups[r] != group:
+                    if group is not None:
+                        self._finish(group, store, events, emitter)
+                    group = groups[r]
+                    store = MemoryStore.for_projection(projection)
+                    events = []
+                if kinds[r] == 0:
+                    t = data[_TABLE][r]
+                    row = {c.name: data[name][r] for c, name in zip(tables[t].columns, columns[t])}
+                    store.data[names[t]][tables[t].key_of(row)] = row
+                    continue
+                text = data["stream_id"][r]
+                stream_id = streams.get(text)
+                if stream_id is None:
+                    stream_id = streams[text] = StreamId.parse(text)
+                recorded_at: datetime = data["recorded_at"][r]
+                events.append(
+                    RecordedEvent(
+                        data["position"][r], data["index"][r], stream_id, data["version"][r], data["type"][r],
+                        data["schema_version"][r], data["event_id"][r], data["payload"][r].encode(),
+                        _recorded_at_text(recorded_at), data["correlation_id"][r], data["causation_id"][r],
+                        registry,
+                    )
+                )
+            yield from emitter.flush(_OUTPUT_ROWS)
+        if group is not None:
+            self._finish(group, store, events, emitter)
+        yield from emitter.flush(0)
+
+    def _finish(self, group: str, store: MemoryStore, events: list[RecordedEvent], emitter: _Emitter) -> None:
+        initial = {name: dict(rows) for name, rows in store.data.items()} if self.incremental else None
+        fold(self.projection, events, store)
+        for name, rows in store.data.items():
+            for row in rows.values():
+                emitter.add(name, group, row, deleted=False)
+            if initial is not None:
+                for key, row in initial[name].items():
+                    if key not in rows:
+                        emitter.add(name, group, row, deleted=True)
+
+
+def _recorded_at_text(value: datetime | None) -> str:
+    if value is None:
+        return ""
+    if value.tzinfo is None:  # Arrow hands over UTC timestamps as naive or aware depending on the path
+        value = value.replace(tzinfo=timezone.utc)
+    return value.astimezone(timezone.utc).isoformat(timespec="microseconds")
+
+
+class _Emitter:
+    """Collects output rows per table and turns them into Arrow batches of the fold schema."""
+
+    def __init__(self, projection: Projection) -> None:
+        self.schema = _fold_schema(projection)
+        self.arrow_schema = _arrow_schema(self.schema)
+        self.tables = {t.name: (i, t) for i, t in enumerate(projection.tables)}
+        self.rows: dict[str, list[tuple[str, bool, dict[str, Any]]]] = {t.name: [] for t in projection.tables}
+        self.count = 0
+
+    def add(self, table: str, group: str, row: dict[str, Any], *, deleted: bool) -> None:
+        self.rows[table].append((group, deleted, row))
+        self.count += 1
+
+    def flush(self, at_least: int) -> Iterator[pa.RecordBatch]:
+        if self.count == 0 or self.count < at_least:
+            return
+        for name, rows in self.rows.items():
+            if not rows:
+                continue
+            index, table = self.tables[name]
+            size = len(rows)
+            arrays: dict[str, pa.Array] = {
+                GROUP_COLUMN: pa.array([r[0] for r in rows], pa.string()),
+                _TABLE: pa.array([index] * size, pa.int32()),
+                _DELETED: pa.array([r[1] for r in rows], pa.bool_()),
+            }
+            for column in table.columns:
+                name_out = _value_column(index, column.name)
+                arrays[name_out] = pa.array(
+                    [r[2].get(column.name) for r in rows], self.arrow_schema.field(name_out).type
+                )
+            yield pa.RecordBatch.from_arrays(
+                [arrays[f.name] if f.name in arrays else pa.nulls(size, f.type) for f in self.arrow_schema],
+                schema=self.arrow_schema,
+            )
+            rows.clear()
+        self.count = 0
+
+
+def _arrow_schema(schema: StructType) -> pa.Schema:
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(schema, timezone="UTC")
+
+
+# -- helpers -----------------------------------------------------------------------------------------
+
+T = TypeVar("T")
+
+
+def _run_sync(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` to completion, also when called from code running inside an event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+def _last_position(settings: EventStoreSettings) -> int:
+    return _run_sync(stream_bounds(settings))[1]
+
+
+# -- command line --------------------------------------------------------------------------------
+
+
+def load(path: str) -> AnyProjection:
+    """Import ``module:attr``: a Projection subclass or instance, or a DataFrameProjection."""
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise SparkProjectionError(f"{path!r} is not an import path; write it as 'package.module:Projection'.")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        obj = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise SparkProjectionError(f"Cannot load {path!r}: {exc}") from exc
+    if isinstance(obj, type) and issubclass(obj, Projection):
+        obj = obj()
+    if isinstance(obj, (Projection, DataFrameProjection)):
+        return obj
+    raise SparkProjectionError(f"{path!r} is {obj!r}, not a Projection or DataFrameProjection.")
+
+
+def add_commands(commands: Any) -> None:
+    """Add the ``rebuild`` and ``update`` sub-commands to an argparse sub-parsers object."""
+    for name, help_text in (
+        ("rebuild", "compute a projection's tables from the whole history into Delta (one commit per table)"),
+        ("update", "merge the events after the tables' recorded position into Delta (rebuilds if needed)"),
+    ):
+        command = commands.add_parser(name, help=help_text)
+        command.add_argument("projection", metavar="module:Projection")
+        command.add_argument("--root", required=True, help="folder of the Delta tables (<root>/<table>)")
+        command.add_argument("--nats-url", help="NATS server URL(s) (NATS_URL)")
+        command.add_argument("--stream", help="JetStream stream of the events (JETSOURCING_STREAM)")
+        command.add_argument("--subject-prefix", help="subject prefix of the events (JETSOURCING_SUBJECT_PREFIX)")
+        command.add_argument("--partitions", type=int, help="parallel stream reads (default: Spark's parallelism)")
+        command.add_argument("--to-position", type=int, help="last stream position to include (default: the last)")
+
+
+def run_command(args: argparse.Namespace, spark: SparkSession | None = None) -> int:
+    """Run a parsed ``rebuild`` / ``update`` command; prints one summary line per table.
+
+    Uses ``spark``, or a session from ``JETSOURCING_SPARK_*`` settings; the event store
+    settings come from the arguments, then ``NATS_URL`` / ``JETSOURCING_*``.
+    """
+    from spark_projections.session import spark_session
+
+    projection = load(args.projection)
+    overrides = {k: v for k, v in (("nats_url", args.nats_url), ("stream", args.stream),
+                                   ("subject_prefix", args.subject_prefix)) if v}
+    settings = EventStoreSettings(**overrides)
+    spark = spark or spark_session()
+    run = (rebuild if args.command == "rebuild" else update)(
+        spark, projection, settings, args.root, partitions=args.partitions, to_position=args.to_position
+    )
+    print(f"{run.projection}: {run.mode} to position {run.position} (app id {run.app_id})")
+    for name, result in run.tables.items():
+        state = "committed" if result.applied else "already recorded"
+        print(f"  {name}: {state}, table version {result.table_version}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None, *, spark: SparkSession | None = None) -> int:
+    """``python -m spark_projections.projection {rebuild,update} module:Projection --root DIR``.
+
+    Exit status 0 on success, 2 with a one-paragraph explanation on a
+    :class:`~spark_projections.errors.SparkProjectionError`.
+    """
+    parser = argparse.ArgumentParser(prog="python -m spark_projections.projection",
+                                     description="Materialise a projection into Delta tables with Spark.")
+    add_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    try:
+        return run_command(args, spark)
+    except SparkProjectionError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
