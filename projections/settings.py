@@ -35,7 +35,7 @@ class ProjectionSettings(BaseSettings):
     )
     database: Path = Field(default=Path("jetsourcing.sqlite3"), description="The SQLite file holding the read models.")
     batch_size: int = Field(default=1000, ge=1, le=100_000, description="Events per pull request while following.")
-    rebuild_batch_size: int = Field(default=5000, ge=1, le=100_000, description="Events per pull request in rebuilds.")
+    rebuild_batch_size: int = Field(default=10_000, ge=1, le=100_000, description="Events per pull request in rebuilds.")
     error_policy: ErrorPolicy | None = Field(
         default=None, description="Overrides every projection's own error_policy: 'stop' or 'dead_letter'."
     )
