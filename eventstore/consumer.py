@@ -226,9 +226,11 @@ class OrderedPull:
                     self._requests.clear()
                 self._wake.clear()
                 if not self._buffer and not self._reset:
+                    # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation.
                     try:
-                        await asyncio.wait_for(self._wake.wait(), self._heartbeat_s)
-                    except asyncio.TimeoutError:
+                        async with asyncio.timeout(self._heartbeat_s):
+                            await self._wake.wait()
+                    except TimeoutError:
                         pass
         finally:
             await self.close()

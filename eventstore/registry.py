@@ -43,9 +43,22 @@ class TypeRegistry:
         self._upcasters: dict[tuple[str, int], Upcaster] = {}
 
     def register(self, model: M, *, name: str | None = None, version: int | None = None) -> M:
-        """Register ``model`` (usable as a class decorator); registering the same model again is a no-op."""
+        """Register ``model`` (usable as a class decorator).
+
+        Registering a model again is a no-op when no name or version is given,
+        or when they equal the registered ones; a different name or version for
+        an already registered model is refused (one model, one stored name).
+        """
         if not (isinstance(model, type) and issubclass(model, BaseModel)):
             raise InvalidEventError(f"{model!r} is not a pydantic model; event types must subclass pydantic.BaseModel.")
+        registered = self._names.get(model)
+        if registered is not None:
+            if (name or registered[0], version or registered[1]) != registered:
+                raise InvalidEventError(
+                    f"{model.__qualname__} is already registered as {registered[0]!r} version {registered[1]}; "
+                    f"it cannot also be {name or registered[0]!r} version {version or registered[1]}."
+                )
+            return model
         type_name = name or getattr(model, "__event_type__", None) or model.__name__
         schema_version = version or getattr(model, "__schema_version__", None) or 1
         if not _TYPE_NAME.fullmatch(type_name):
