@@ -1,29 +1,32 @@
-"""The README's code runs as written (against the session's server)."""
+"""The README's Python blocks run as written, in order, against the session's server."""
 
 from __future__ import annotations
 
 import re
 import textwrap
-import uuid
 from pathlib import Path
 
 import pytest
 
+from eventstore import EventStore
+
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
-def python_blocks() -> list[str]:
-    return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
-
-
-@pytest.mark.parametrize("block", python_blocks())
-async def test_readme_python_block_runs(block: str, nats_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("NATS_URL", nats_url)
-    tag = uuid.uuid4().hex[:8]
-    monkeypatch.setenv("JETSOURCING_STREAM", f"README{tag}")
-    monkeypatch.setenv("JETSOURCING_SUBJECT_PREFIX", f"readme{tag}")
-    source = "async def _readme_main():\n" + textwrap.indent(block, "    ") + "\n    return locals()\n"
-    namespace: dict[str, object] = {}
-    exec(compile(source, str(README), "exec"), namespace)
-    final = await namespace["_readme_main"]()  # type: ignore[operator]
-    assert final  # the block ran to its end
+async def test_readme_python_blocks_run_in_order(store: EventStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The first block connects with the defaults: point them at this test's server and stream.
+    monkeypatch.setenv("NATS_URL", store.settings.nats_url or "")
+    monkeypatch.setenv("JETSOURCING_STREAM", store.settings.stream + "R")
+    monkeypatch.setenv("JETSOURCING_SUBJECT_PREFIX", store.settings.subject_prefix + "r")
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+    assert len(blocks) >= 3
+    namespace: dict[str, object] = {"store": store}
+    for number, block in enumerate(blocks, start=1):
+        source = "async def _block():\n" + textwrap.indent(block, "    ") + "\n    return locals()\n"
+        exec(compile(source, f"README.md python block {number}", "exec"), namespace)
+        results = await namespace["_block"]()  # type: ignore[operator]
+        results.pop("store", None)  # the first block's own store is closed by its `async with`
+        namespace.update(results)
+    alice = namespace["alice"]
+    assert alice.state.balance == 10 and alice.version == 2  # type: ignore[attr-defined]
+    assert namespace["result"].duplicate is False  # type: ignore[attr-defined]
