@@ -256,8 +256,11 @@ async def main() -> None:
             loads = [await timed(lambda: store.read(target)) for _ in range(100)]
             if name == "BIG":
                 raw = [await timed(lambda: raw_direct_read(nc, name, f"{settings.subject_prefix}.Account.target")) for _ in range(100)]
+                # The alternative to direct get: a consumer per read (what consistent=True does).
+                consumer = [await timed(lambda: store.read(target, consistent=True)) for _ in range(30)]
                 result.update(read_p50_ms=pct(loads, 0.5), read_p99_ms=pct(loads, 0.99),
-                              raw_read_p50_ms=pct(raw, 0.5), raw_read_p99_ms=pct(raw, 0.99))
+                              raw_read_p50_ms=pct(raw, 0.5), raw_read_p99_ms=pct(raw, 0.99),
+                              read_consumer_p50_ms=pct(consumer, 0.5), read_consumer_p99_ms=pct(consumer, 0.99))
                 log(f"read 100 of {size}: p50 {result['read_p50_ms']} p99 {result['read_p99_ms']} ms; raw p99 {result['raw_read_p99_ms']} ms")
 
                 # -- full replay: alternate framework and raw, best of three each, so load

@@ -39,6 +39,20 @@ def test_embedded_server_restarts_on_the_same_port_and_storage(tmp_path: Path) -
     assert tmp_path.exists()  # a directory we were given is never deleted
 
 
+async def test_sync_always_server_fsyncs_and_serves(tmp_path: Path) -> None:
+    server = EmbeddedServer(tmp_path, sync_always=True)
+    server.start()
+    try:
+        assert "sync_interval: always" in (tmp_path / "nats-server.conf").read_text()
+        store = await EventStore.connect(unique_settings(server.url))
+        try:
+            assert (await store.info()).commits == 0
+        finally:
+            await store.close()
+    finally:
+        server.close()
+
+
 def test_server_dies_with_a_killed_parent(tmp_path: Path) -> None:
     script = textwrap.dedent(
         f"""
