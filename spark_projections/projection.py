@@ -230,7 +230,8 @@ def rebuild(
     projections (default: a new one the projection registers its events in).
     ``partitions`` is the number of parallel stream reads (default: Spark's
     default parallelism). A table already recorded at that position is left
-    alone (``applied=False``), so re-running after a crash finishes the job.
+    alone (``applied=False``), so re-running after a crash finishes the job;
+    when every table is, nothing is computed (``noop``).
     """
     high = _last_position(settings) if to_position is None else to_position
     return _rebuild(spark, projection, settings, Path(root), registry, high, partitions, group_by)
@@ -284,6 +285,9 @@ def _rebuild(
     group_by: str,
 ) -> ProjectionRun:
     app_id = app_id_of(projection)
+    recorded = [recorded_position(spark, root / name, app_id) for name in table_names(projection)]
+    if all(position is not None and position >= high for position in recorded):
+        return ProjectionRun(projection.name, app_id, "noop", 1, min(p for p in recorded if p is not None))
     events = read_events(spark, settings, categories=projection.categories, to_position=high, partitions=partitions)
     if isinstance(projection, DataFrameProjection):
         result = full_rebuild(projection.build(events), root / projection.name, app_id=app_id, position=high)

@@ -623,6 +623,7 @@ class _RangePull:
                 if len(out) >= least:
                     yield out
                     out = []
+                    self._resumed()
                     continue
                 if self._reset or time.monotonic() - self._last_activity > self._heartbeat_s * 3:
                     await self._create_consumer()
@@ -640,11 +641,18 @@ class _RangePull:
                         if out:  # a slow trickle: do not sit on what arrived
                             yield out
                             out = []
+                            self._resumed()
         finally:
             nc.unroute(sub._id)
-            self._delete_consumer()
+            if self._consumer and not nc.is_closed:
+                await _quiet_publish(nc, f"$JS.API.CONSUMER.DELETE.{self._opts.stream}.{self._consumer.decode()}")
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+
+    def _resumed(self) -> None:
+        # While the caller held a batch, this loop did not run and nothing could arrive:
+        # that pause must not count as missed heartbeats.
+        self._last_activity = max(self._last_activity, time.monotonic())
 
     def _drain(self) -> list[_Stored]:
         if not self._raw:

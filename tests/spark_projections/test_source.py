@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +16,7 @@ from pydantic import BaseModel
 from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 
-from eventstore import EventStore, EventStoreSettings, StreamId, encode_commit
+from eventstore import EmbeddedServer, EventStore, EventStoreSettings, StreamId, encode_commit
 from spark_projections import source
 from spark_projections.source import EVENTS_SCHEMA, read_events, split_range
 
@@ -195,3 +196,45 @@ def test_events_schema_is_what_the_reader_returns() -> None:
         (10, 0, "Cart/c", "c", 1, "C", 3, "z", '{"c":3}', None),
     ]
     assert rows[0]["recorded_at"].microsecond == 1
+
+
+async def test_a_partition_survives_a_server_restart(tmp_path: Path) -> None:
+    """Killed mid-read and restarted: the range reader reconnects, re-creates its consumer, misses nothing."""
+    with EmbeddedServer(tmp_path / "nats") as server:
+        settings = EventStoreSettings(nats_url=server.url, stream="RESTART", subject_prefix="r")
+        store = await EventStore.connect(settings)
+        try:
+            js = store.nc.jetstream()
+            acks = []
+            for n in range(1, 2001):
+                headers, body = encode_commit(msg_id=f"m{n}", types=["Deposited"], schema_versions=[1],
+                                              event_ids=[f"e{n}"], payloads=[b"{}"], last_version=n,
+                                              recorded_at="2026-01-01T00:00:00+00:00")
+                acks.append(await js.publish_async("r.Account.a", body, headers=headers))
+            await asyncio.gather(*acks)
+        finally:
+            await store.close()
+        opts = source._Options.parse({"url": server.url, "stream": "RESTART", "subject_prefix": "r", "batch": "100"})
+        nc = await source._connect(opts)
+        seen: list[int] = []
+        restarted = False
+        pull = source._RangePull(nc, opts, 1, 2000)
+        consumers: list[bytes] = []
+        create = pull._create_consumer
+
+        async def counting_create() -> None:
+            await create()
+            consumers.append(pull._consumer)
+
+        pull._create_consumer = counting_create  # type: ignore[method-assign]
+        try:
+            async for stored in pull.batches():
+                seen += [s[0] for s in stored]
+                if not restarted and len(seen) >= 500:
+                    restarted = True
+                    await asyncio.to_thread(server.kill)
+                    await asyncio.to_thread(server.start)
+        finally:
+            await nc.close()
+        assert restarted and len(consumers) >= 2  # the first consumer died with the server
+        assert seen == list(range(1, 2001))

@@ -1,0 +1,203 @@
+"""Spark benchmark: a full rebuild of a Delta read model from JetStream, against the same from Parquet.
+
+For N events (default 1,000,000; single-event commits on 10,000 accounts), in one run:
+
+* ``jetstream_to_delta_eps_p1`` / ``_p2``: :func:`spark_projections.projection.rebuild` of a
+  DataFrame projection (balance, movements, owner and last position per account; payload
+  JSON parsed with ``from_json``) straight from JetStream with 1 and 2 read partitions;
+* ``parquet_to_delta_eps``: the same events from a Parquet copy, the same projection, the
+  same Delta write (:func:`spark_projections.delta.full_rebuild`): the Spark-side ceiling;
+* ``jetstream_read_eps_p1`` / ``_p2``: the data source alone (``noop`` sink), for diagnosis.
+
+Each figure is the best of ``--rounds`` runs after one warm-up run (the machine is shared).
+Own embedded nats-server and Spark session (``local[2]``); progress on stderr; the last
+stdout line is one JSON object.
+
+Run: ``.venv/bin/python benchmarks/bench_spark.py`` (``--events 100000`` for a quick run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pyspark.sql import DataFrame, SparkSession  # noqa: E402
+from pyspark.sql import functions as F  # noqa: E402
+
+from eventstore import EmbeddedServer, EventStore, EventStoreSettings, encode_commit  # noqa: E402
+from eventstore.connection import connect  # noqa: E402
+from spark_projections.delta import full_rebuild  # noqa: E402
+from spark_projections.projection import DataFrameProjection, rebuild  # noqa: E402
+from spark_projections.session import SparkSettings, spark_session  # noqa: E402
+from spark_projections.source import read_events  # noqa: E402
+
+ACCOUNTS = 10_000
+PAYLOAD = "amount BIGINT, owner STRING"
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+async def fill(url: str, settings: EventStoreSettings, total: int) -> float:
+    """``total`` single-event commits in the event store's wire format, pipelined; returns events/s.
+
+    Raw publishes with a reply inbox (the stream's acknowledgements are counted, at most
+    ``window`` outstanding): the same bytes ``EventStore.append`` writes, without its
+    per-append version checks, so filling takes seconds rather than minutes.
+    """
+    store = await EventStore.connect(settings)  # creates the stream with the event store's config
+    await store.close()
+    nc = await connect([url])
+    inbox = nc.new_inbox()
+    acked = 0
+    errors: list[bytes] = []
+    room = asyncio.Event()
+    window = 20_000
+
+    async def on_ack(msg: object) -> None:
+        nonlocal acked
+        acked += 1
+        data = getattr(msg, "data", b"")
+        if b"error" in data:
+            errors.append(data)
+        if acked % 2000 == 0:
+            room.set()
+
+    await nc.subscribe(f"{inbox}.*", cb=on_ack, pending_msgs_limit=-1, pending_bytes_limit=-1)
+    versions = [0] * ACCOUNTS
+    started = time.perf_counter()
+    for n in range(total):
+        account = n % ACCOUNTS
+        versions[account] += 1
+        version = versions[account]
+        if version == 1:
+            kind, payload = "AccountOpened", f'{{"owner":"owner-{n % 97}"}}'
+        elif n % 3 == 0:
+            kind, payload = "Withdrawn", f'{{"amount":{n % 500}}}'
+        else:
+            kind, payload = "Deposited", f'{{"amount":{n % 1000}}}'
+        headers, body = encode_commit(
+            msg_id=uuid.uuid4().hex, types=[kind], schema_versions=[1], event_ids=[uuid.uuid4().hex],
+            payloads=[payload.encode()], last_version=version, recorded_at="2026-01-01T00:00:00.000000+00:00",
+        )
+        await nc.publish(f"{settings.subject_prefix}.Account.acc-{account:05d}", body, reply=f"{inbox}.a",
+                         headers=headers)
+        while n + 1 - acked > window:
+            room.clear()
+            await nc.flush()
+            await asyncio.wait_for(room.wait(), 30)
+        if n % 100_000 == 99_999:
+            log(f"fill: {n + 1:,} events")
+    while acked < total:
+        await asyncio.sleep(0.01)
+    elapsed = time.perf_counter() - started
+    await nc.close()
+    if errors:
+        raise RuntimeError(f"the stream refused {len(errors)} publishes, e.g. {errors[0]!r}")
+    return total / elapsed
+
+
+def balances(events: DataFrame) -> DataFrame:
+    """Balance, movement count, owner and last position per account, in one pass over the events."""
+    amount = F.col("data.amount")
+    return (
+        events.select("entity_id", "type", "position", F.from_json("payload", PAYLOAD, {"mode": "FAILFAST"}).alias("data"))
+        .groupBy(F.col("entity_id").alias("account_id"))
+        .agg(
+            F.sum(F.when(F.col("type") == "Deposited", amount).when(F.col("type") == "Withdrawn", -amount)
+                  .otherwise(0)).alias("balance"),
+            F.sum(F.when(F.col("type").isin("Deposited", "Withdrawn"), 1).otherwise(0)).alias("movements"),
+            F.max(F.when(F.col("type") == "AccountOpened", F.col("data.owner"))).alias("owner"),
+            F.max("position").alias("last_position"),
+        )
+    )
+
+
+def best_of(rounds: int, label: str, run: Callable[[int], None], events: int) -> float:
+    rates = []
+    for i in range(rounds):
+        started = time.perf_counter()
+        run(i)
+        elapsed = time.perf_counter() - started
+        rates.append(events / elapsed)
+        log(f"{label}: {elapsed:.2f}s = {events / elapsed:,.0f} events/s")
+    return max(rates)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--rounds", type=int, default=2, help="measured runs per figure (the best counts)")
+    args = parser.parse_args()
+    total = args.events
+    with tempfile.TemporaryDirectory(prefix="bench-spark-") as tmp, EmbeddedServer(Path(tmp) / "nats") as server:
+        settings = EventStoreSettings(nats_url=server.url, stream="BENCH", subject_prefix="bench")
+        fill_eps = asyncio.run(fill(server.url, settings, total))
+        log(f"fill: {total:,} events at {fill_eps:,.0f} events/s")
+
+        started = time.perf_counter()
+        spark = spark_session(SparkSettings(
+            master="local[2]", app_name="bench-spark", shuffle_partitions=2, driver_memory="4g",
+            extra_conf={"spark.ui.showConsoleProgress": "false", "spark.sql.session.timeZone": "UTC"},
+        ))
+        log(f"spark session: {time.perf_counter() - started:.1f}s")
+        projection = DataFrameProjection(name="balances", build=balances, keys=("account_id",),
+                                         categories=("Account",))
+        root = Path(tmp) / "delta"
+
+        # The Parquet copy, written from JetStream (this also warms up the Python workers).
+        parquet = str(Path(tmp) / "events.parquet")
+        read_events(spark, settings, to_position=total, partitions=2).write.parquet(parquet)
+        log("parquet copy written")
+
+        def from_parquet(i: int) -> None:
+            full_rebuild(balances(spark.read.parquet(parquet)), root / f"parquet-{i}", app_id="balances.v1",
+                         position=total)
+
+        def from_jetstream(partitions: int) -> Callable[[int], None]:
+            def run(i: int) -> None:
+                result = rebuild(spark, projection, settings, root / f"js-p{partitions}-{i}", partitions=partitions)
+                assert result.position == total and result.tables["balances"].applied
+
+            return run
+
+        def read_only(partitions: int) -> Callable[[int], None]:
+            def run(i: int) -> None:
+                read_events(spark, settings, to_position=total, partitions=partitions).write.format("noop").mode(
+                    "overwrite").save()
+
+            return run
+
+        # Warm-up: JIT, Python workers, Delta classes.
+        from_parquet(99)
+        from_jetstream(2)(99)
+        result: dict[str, object] = {"bench": "spark", "events": total, "fill_eps": round(fill_eps)}
+        result["parquet_to_delta_eps"] = round(best_of(args.rounds, "parquet -> delta", from_parquet, total))
+        result["jetstream_to_delta_eps_p1"] = round(best_of(args.rounds, "jetstream p1 -> delta", from_jetstream(1),
+                                                            total))
+        result["jetstream_to_delta_eps_p2"] = round(best_of(args.rounds, "jetstream p2 -> delta", from_jetstream(2),
+                                                            total))
+        result["jetstream_read_eps_p1"] = round(best_of(args.rounds, "jetstream p1 read", read_only(1), total))
+        result["jetstream_read_eps_p2"] = round(best_of(args.rounds, "jetstream p2 read", read_only(2), total))
+        result["p2_vs_parquet"] = round(
+            int(result["jetstream_to_delta_eps_p2"]) / int(result["parquet_to_delta_eps"]), 3  # type: ignore[call-overload]
+        )
+        expected = spark.read.format("delta").load(str(root / "parquet-0")).orderBy("account_id").collect()
+        actual = spark.read.format("delta").load(str(root / "js-p2-0" / "balances")).orderBy("account_id").collect()
+        assert expected == actual, "JetStream and Parquet rebuilds differ"
+        spark.stop()
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
