@@ -253,9 +253,12 @@ async def main() -> None:
             await fill(nc, settings.subject_prefix, size, "target", size // 100)
             target = StreamId("Account", "target")
             assert len(await store.read(target)) == 100
-            loads = [await timed(lambda: store.read(target)) for _ in range(100)]
+            subject = f"{settings.subject_prefix}.Account.target"
+            loads, raw = [], []
+            for _ in range(150):  # interleaved, so load from other processes hits both alike
+                loads.append(await timed(lambda: store.read(target)))
+                raw.append(await timed(lambda: raw_direct_read(nc, name, subject)))
             if name == "BIG":
-                raw = [await timed(lambda: raw_direct_read(nc, name, f"{settings.subject_prefix}.Account.target")) for _ in range(100)]
                 # The alternative to direct get: a consumer per read (what consistent=True does).
                 consumer = [await timed(lambda: store.read(target, consistent=True)) for _ in range(30)]
                 result.update(read_p50_ms=pct(loads, 0.5), read_p99_ms=pct(loads, 0.99),
