@@ -78,7 +78,8 @@ def work_directory(path: Path | None, report: Report) -> Iterator[Path]:
         return
     path = path.resolve()
     path.mkdir(parents=True, exist_ok=True)
-    old = [p for p in (path / "nats", path / "delta", *path.glob(f"{DATABASE}*")) if p.exists()]
+    ours = (path / "nats", path / "delta", path / "spark-startup.log", *path.glob(f"{DATABASE}*"))
+    old = [p for p in ours if p.exists()]
     if old:
         report.say(f"[dim]replacing the outputs of an earlier run in {path}[/]")
         for p in old:

@@ -76,7 +76,9 @@ class MoneyReturned(DomainEvent):
     value_date: date
 
 
-ACCOUNT_EVENTS: tuple[type[DomainEvent], ...] = (AccountOpened, Deposited, Withdrawn, MoneySent, MoneyReceived, MoneyReturned)
+ACCOUNT_EVENTS: tuple[type[DomainEvent], ...] = (
+    AccountOpened, Deposited, Withdrawn, MoneySent, MoneyReceived, MoneyReturned,
+)
 """Every event an account records."""
 
 # -- transfers (the process manager's own history) -----------------------------

@@ -39,10 +39,14 @@ class Bank:
 
     async def withdraw(self, account_id: str, amount: int, value_date: date, *, command_id: str | None = None) -> int:
         """Pay out; raises :class:`~samples.bank.account.InsufficientFunds` beyond the balance."""
-        result = await self.accounts.execute(account_id, lambda a: a.withdraw(amount, value_date), command_id=command_id)
+        result = await self.accounts.execute(
+            account_id, lambda a: a.withdraw(amount, value_date), command_id=command_id
+        )
         return result.value if result.value is not None else (await self.accounts.get(account_id)).state.balance
 
-    async def transfer(self, transfer_id: str, from_account: str, to_account: str, amount: int, value_date: date) -> None:
+    async def transfer(
+        self, transfer_id: str, from_account: str, to_account: str, amount: int, value_date: date
+    ) -> None:
         """Move money now, both legs in one atomic append (see :func:`~samples.bank.transfer.transfer_atomically`)."""
         await transfer_atomically(self.accounts, transfer_id, from_account, to_account, amount, value_date)
 

@@ -120,7 +120,8 @@ def plan(accounts: int, commands: int, *, seed: int = 2025, prefix: str = "") ->
         else:
             if rng.random() < 0.05:
                 other = MISSING_ACCOUNT
-            out.append(Command("request_transfer", f"{prefix}ptx-{n}", account, rng.randrange(10_00, 700_00), day, other))
+            amount = rng.randrange(10_00, 700_00)
+            out.append(Command("request_transfer", f"{prefix}ptx-{n}", account, amount, day, other))
     return customers, out
 
 

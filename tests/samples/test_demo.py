@@ -34,7 +34,17 @@ def test_the_demo_runs_end_to_end(tmp_path: Path) -> None:
         "money is conserved",
         "switched account_balances: generation 1 -> 2",
         "the switched-in read model equals a clean replay",
+        "downloads the Delta jars from Maven Central",
+        "Delta table balances equals the SQLite read model account_balances (after the rebuild)",
+        "Delta table balances equals the SQLite read model account_balances (after the incremental update)",
+        "DataFrame projection daily_totals equals the SQLite daily rows summed per day (after the incremental update)",
+        "account_balances: merge, positions",
+        "an update with nothing new changes nothing",
+        "checks passed",
     ):
         assert line in output, f"missing {line!r} in:\n{output}"
     assert "✗" not in output
+    history = output[output.index("Delta history of balances"):]
+    assert "WRITE" in history and "MERGE" in history, history
     assert (tmp_path / "demo" / "bank.sqlite3").is_file(), "--workdir keeps the outputs"
+    assert (tmp_path / "demo" / "delta" / "balances" / "_delta_log").is_dir()
