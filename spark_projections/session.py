@@ -117,6 +117,9 @@ def spark_session(settings: SparkSettings | None = None) -> SparkSession:
     conf = build_conf(settings)
     if SparkContext._gateway is None:
         check_java()
+        # Some Python workers (the data source planner's) are started by the JVM from
+        # PYSPARK_PYTHON as it was at launch; without it they run python3 from PATH.
+        os.environ.setdefault("PYSPARK_PYTHON", conf["spark.pyspark.python"])
         spark = _start_jvm_and_session(conf, coordinate=conf.get("spark.jars.packages"))
     else:
         # A JVM already runs in this process: nothing to launch, the builder reuses it
