@@ -25,34 +25,39 @@ How a read runs:
   sequence *at planning time*, so every action re-plans; pin it for repeatable
   reads) and cuts the range into ``partitions`` equal sequence ranges.
 * **Reading** (``read()``, in the executors): each partition opens its own NATS
-  connection and reads its range with the event store's
-  :class:`~eventstore.OrderedPull` (ordered, gap-checked, resumes after server
-  restarts; the category filter is applied by the server, so positions have
-  gaps). An asyncio loop private to the task drives it. The task turns each
-  pulled batch into one Arrow record batch with vectorised Arrow kernels; only
-  the NATS protocol parsing is per message Python. Works the same on
-  ``local[*]`` and on a cluster whose executors can reach the NATS servers.
+  connection and reads its range with an ephemeral ordered pull consumer, the
+  protocol of the event store's :class:`~eventstore.OrderedPull` (in order,
+  delivery sequence checked on every message, a fresh consumer after a gap, a
+  deleted consumer, missed heartbeats or a server restart; the category filter
+  is applied by the server, so positions have gaps). An asyncio loop private to
+  the task drives it. Each pulled batch becomes one Arrow record batch built
+  with vectorised Arrow kernels. Works the same on ``local[*]`` and on a
+  cluster whose executors can reach the NATS servers.
 
-Speed: nats-py spends most of a replay building message objects and parsing
-headers into dicts. The partition connection (:class:`_ReadConnection`)
-therefore parses the protocol with byte searches, hands messages to the
-consumer's callback inline and leaves headers unparsed; the batch converter
-extracts the ``Es-*`` headers of a whole batch with one regular expression
-each. Measured on 2 cores: about 2.5x less client CPU per event than the event
-store's own replay path. Arrow batches beat yielding row tuples (see
-``benchmarks/bench_spark.py``).
+Speed: replaying through nats-py message objects costs about 18 us of client
+CPU per event (header dicts, one callback, queue and Msg per message), which
+caps one partition at some 50k events/s. Here the partition's connection
+(:class:`_ReadConnection`) parses the protocol with byte searches and appends
+the raw messages of the consumer's inbox to a list, one wake-up per socket
+read; :class:`_RangePull` then handles whole chunks, and :class:`_Converter`
+extracts the ``Es-*`` headers of a whole batch with one regular expression and
+builds the columns with Arrow kernels: about 6 us per event in all. Yielding
+Arrow batches rather than row tuples roughly halves the conversion cost (see
+``jetstream_read_eps_p2_rows`` in ``benchmarks/bench_spark.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
+import gc
 import json
 import re
 import time
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
 
@@ -111,12 +116,9 @@ is ``"Category/entity-id"``; ``version`` the entity's version after the event;
 _ARROW_SCHEMA = to_arrow_schema(EVENTS_SCHEMA, timezone="UTC")
 
 _DEFAULT_BATCH = 5000
-_MAX_CACHED_SUBJECTS = 200_000
 _NS = 1_000_000_000
 _GIVE_UP_S = 30.0  # how long a partition retries creating its consumer (server restarting)
 
-_Stored = tuple[int, bytes, "bytes | None", bytes]
-"""A stored commit as read: (stream sequence, subject, header block, body)."""
 
 
 class EventSourceError(SparkProjectionError):
@@ -352,27 +354,55 @@ def _read_range(opts: _Options, start: int, stop: int) -> Iterator[pa.RecordBatc
     loop = asyncio.new_event_loop()
     pulled = _pull(opts, start, stop)
     converter = _Converter(opts.subject_prefix)
+    # A read allocates millions of short-lived acyclic objects: collecting every 700
+    # allocations (the default) costs about 10% of it for nothing.
+    thresholds = gc.get_threshold()
+    gc.set_threshold(max(thresholds[0], 100_000), thresholds[1], thresholds[2])
     try:
         while True:
             try:
-                stored = loop.run_until_complete(pulled.__anext__())
+                commits = loop.run_until_complete(pulled.__anext__())
             except StopAsyncIteration:
                 break
-            yield converter.convert(stored)
+            yield converter.convert(commits)
     finally:
+        gc.set_threshold(*thresholds)
         loop.run_until_complete(pulled.aclose())
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
 
 
-async def _pull(opts: _Options, start: int, stop: int) -> AsyncGenerator[list[_Stored], None]:
+async def _pull(opts: _Options, start: int, stop: int) -> AsyncGenerator[_Commits, None]:
     nc = await _connect(opts)
     try:
-        async for stored in _RangePull(nc, opts, start, stop).batches():
-            yield stored
+        async for commits in _RangePull(nc, opts, start, stop).batches():
+            yield commits
     finally:
         with contextlib.suppress(Exception):
             await nc.close()
+
+
+@dataclass
+class _Commits:
+    """Stored commits as read, column by column: stream sequences, subjects, header blocks, bodies."""
+
+    positions: list[int] = field(default_factory=list)
+    subjects: list[bytes] = field(default_factory=list)
+    headers: list[bytes] = field(default_factory=list)
+    bodies: list[bytes] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    def extend(self, other: _Commits) -> None:
+        self.positions += other.positions
+        self.subjects += other.subjects
+        self.headers += other.headers
+        self.bodies += other.bodies
+
+    def where(self, i: int) -> str:
+        """Where commit ``i`` is stored, for error messages."""
+        return f"position {self.positions[i]} on {self.subjects[i].decode(errors='replace')}"
 
 
 # Header values as the writer lays them out ("Name: value" lines after "NATS/1.0").
@@ -397,40 +427,16 @@ _WRITER_LAYOUT = re.compile(
 
 
 class _Converter:
-    """Turns pulled commits into one Arrow record batch of events, vectorised per batch."""
+    """Turns pulled commits into one Arrow record batch of events, with Arrow kernels wherever possible."""
 
     def __init__(self, prefix: str) -> None:
-        self._prefix = prefix.encode()
-        self._subjects: dict[bytes, tuple[str, str, str]] = {}
+        self._prefix = prefix + "."
 
-    def _stream(self, subject: bytes) -> tuple[str, str, str]:
-        found = self._subjects.get(subject)
-        if found is None:
-            prefix = self._prefix
-            category, _, token = subject[len(prefix) + 1 :].decode().partition(".")
-            if not subject.startswith(prefix + b".") or not category or not token:
-                raise EventDecodeError(f"Subject {subject.decode()!r} is not an event subject under {prefix.decode()!r}.")
-            entity = unquote(token) if "%" in token else token
-            if len(self._subjects) >= _MAX_CACHED_SUBJECTS:
-                self._subjects.clear()
-            found = self._subjects[subject] = (f"{category}/{entity}", category, entity)
-        return found
-
-    def _streams(self, subjects: list[bytes]) -> tuple[pa.Array, pa.Array, pa.Array]:
-        """(stream_id, category, entity_id) columns: decoded once per distinct subject, then gathered."""
-        encoded = pc.dictionary_encode(pa.array(subjects, pa.binary()))
-        decoded = [self._stream(subject) for subject in encoded.dictionary.to_pylist()]
-        indices = encoded.indices
-        stream_ids, categories, entity_ids = (
-            pc.take(pa.array([d[i] for d in decoded], pa.string()), indices) for i in range(3)
-        )
-        return stream_ids, categories, entity_ids
-
-    def convert(self, stored: list[_Stored]) -> pa.RecordBatch:
-        """One row per event of the commits in ``stored`` (in order), as :data:`EVENTS_SCHEMA`."""
-        count = len(stored)
-        positions, subjects, blocks, bodies = zip(*stored)
-        blob = _SEPARATOR.join(b or b"" for b in blocks)
+    def convert(self, commits: _Commits) -> pa.RecordBatch:
+        """One row per event of ``commits`` (in order), as :data:`EVENTS_SCHEMA`."""
+        count = len(commits)
+        blocks = commits.headers
+        blob = _SEPARATOR.join(blocks)
         found = _WRITER_LAYOUT.findall(blob)
         if len(found) == count:
             types, schemas, event_ids, versions, recorded = (list(column) for column in zip(*found))
@@ -441,17 +447,17 @@ class _Converter:
             versions = _VERSION.findall(blob)
             recorded = _RECORDED_AT.findall(blob)
             if not (len(types) == len(schemas) == len(event_ids) == len(versions) == len(recorded) == count):
-                _raise_malformed(stored)
-        stream_ids, categories, entity_ids = self._streams(list(subjects))
+                _raise_malformed(commits)
+        stream_ids, categories, entity_ids = self._streams(commits)
         commit_columns: dict[str, pa.Array] = {
-            "position": pa.array(positions, pa.int64()),
+            "position": pa.array(commits.positions, pa.int64()),
             "stream_id": stream_ids,
             "category": categories,
             "entity_id": entity_ids,
-            "last_version": _ints(versions, pa.int64(), stored),
-            "correlation_id": _optional(_CORRELATION_ID, blob, blocks),
-            "causation_id": _optional(_CAUSATION_ID, blob, blocks),
-            "recorded_at": _timestamps(recorded, stored),
+            "last_version": _ints(versions, pa.int64(), commits),
+            "correlation_id": _optional(_CORRELATION_ID, b"\r\nEs-Correlation-Id:", blob, blocks),
+            "causation_id": _optional(_CAUSATION_ID, b"\r\nEs-Causation-Id:", blob, blocks),
+            "recorded_at": _timestamps(recorded, commits),
         }
         if b"," not in b"".join(types):
             # One event per commit (the common case): every column is per commit already.
@@ -460,13 +466,32 @@ class _Converter:
                 "index": pa.repeat(pa.scalar(0, pa.int32()), count),
                 "version": commit_columns["last_version"],
                 "type": _text(types),
-                "schema_version": _ints(schemas, pa.int32(), stored),
+                "schema_version": _ints(schemas, pa.int32(), commits),
                 "event_id": _text(event_ids),
-                "payload": _text(bodies),
+                "payload": _text(commits.bodies),
             }
         else:
-            columns = _expand(commit_columns, types, schemas, event_ids, bodies, stored)
+            columns = _expand(commit_columns, types, schemas, event_ids, commits)
         return pa.RecordBatch.from_arrays([columns[f.name] for f in _ARROW_SCHEMA], schema=_ARROW_SCHEMA)
+
+    def _streams(self, commits: _Commits) -> tuple[pa.Array, pa.Array, pa.Array]:
+        """(stream_id, category, entity_id) columns from ``<prefix>.<Category>.<entity token>`` subjects."""
+        subjects = _text(commits.subjects)
+        prefix = self._prefix
+        parts = pc.split_pattern(pc.utf8_slice_codeunits(subjects, len(prefix)), pattern=".", max_splits=1)
+        valid = pc.and_(pc.starts_with(subjects, prefix), pc.equal(pc.list_value_length(parts), 2))
+        if not pc.all(valid).as_py():
+            bad = pc.index(valid, False).as_py()
+            raise EventDecodeError(
+                f"Subject {commits.subjects[bad].decode()!r} is not an event subject under {prefix[:-1]!r}."
+            )
+        categories = pc.list_element(parts, 0)
+        entities = pc.list_element(parts, 1)
+        escaped = pc.match_substring(entities, "%")
+        if pc.any(escaped).as_py():  # %XX escapes (see eventstore.streams): decoded one by one
+            decoded = [unquote(token) for token in pc.filter(entities, escaped).to_pylist()]
+            entities = pc.replace_with_mask(entities, escaped, pa.array(decoded, pa.string()))
+        return pc.binary_join_element_wise(categories, entities, "/"), categories, entities
 
 
 def _expand(
@@ -474,28 +499,23 @@ def _expand(
     types: list[bytes],
     schemas: list[bytes],
     event_ids: list[bytes],
-    bodies: Sequence[bytes],
-    stored: list[_Stored],
+    commits: _Commits,
 ) -> dict[str, pa.Array]:
     """Columns with one row per event when some commits hold several (lists split by Arrow kernels)."""
     type_lists = pc.split_pattern(pa.array(types, pa.binary()), pattern=b",")
     lengths = pc.list_value_length(type_lists)
+    split: dict[str, pa.Array] = {}
     for name, values, separator in (("schema versions", schemas, b","), ("event ids", event_ids, b","),
-                                    ("body lines", bodies, b"\n")):
+                                    ("body lines", commits.bodies, b"\n")):
         lists = pc.split_pattern(pa.array(values, pa.binary()), pattern=separator)
         same = pc.equal(pc.list_value_length(lists), lengths)
         if not pc.all(same).as_py():
             bad = pc.index(same, False).as_py()
             raise EventDecodeError(
-                f"Malformed commit at position {stored[bad][0]} on {stored[bad][1].decode()}: "
-                f"its {name} do not match its {lengths[bad].as_py()} event types."
+                f"Malformed commit at {commits.where(bad)}: its {name} do not match its "
+                f"{lengths[bad].as_py()} event types."
             )
-        if name == "schema versions":
-            schema_lists = lists
-        elif name == "event ids":
-            id_lists = lists
-        else:
-            payload_lists = lists
+        split[name] = pc.list_flatten(lists)
     parent = pc.list_parent_indices(type_lists)
     # A commit's events are rows offsets[c] .. offsets[c+1]-1; index = row - offsets[c].
     first_row = pc.take(type_lists.offsets.cast(pa.int64()), parent)
@@ -509,9 +529,9 @@ def _expand(
             "index": index.cast(pa.int32()),
             "version": version,
             "type": _text(pc.list_flatten(type_lists)),
-            "schema_version": _ints(pc.list_flatten(schema_lists), pa.int32(), stored),
-            "event_id": _text(pc.list_flatten(id_lists)),
-            "payload": _text(pc.list_flatten(payload_lists)),
+            "schema_version": _ints(split["schema versions"], pa.int32(), commits),
+            "event_id": _text(split["event ids"]),
+            "payload": _text(split["body lines"]),
         }
     )
     return out
@@ -523,52 +543,48 @@ def _text(values: Sequence[bytes | None] | pa.Array) -> pa.Array:
     return array.cast(pa.string())
 
 
-def _ints(values: list[bytes] | pa.Array, arrow_type: pa.DataType, stored: list[_Stored]) -> pa.Array:
+def _ints(values: list[bytes] | pa.Array, arrow_type: pa.DataType, commits: _Commits) -> pa.Array:
     try:
         return _text(values).cast(arrow_type)
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
         raise EventDecodeError(
-            f"A commit between positions {stored[0][0]} and {stored[-1][0]} carries a malformed version header: {exc}"
+            f"A commit between {commits.where(0)} and {commits.where(-1)} carries a malformed version header: {exc}"
         ) from exc
 
 
-def _timestamps(values: list[bytes], stored: list[_Stored]) -> pa.Array:
+def _timestamps(values: list[bytes], commits: _Commits) -> pa.Array:
     try:
         return _text(values).cast(pa.timestamp("us", tz="UTC"))
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
         raise EventDecodeError(
-            f"A commit between positions {stored[0][0]} and {stored[-1][0]} carries a malformed "
+            f"A commit between {commits.where(0)} and {commits.where(-1)} carries a malformed "
             f"Es-Recorded-At header: {exc}"
         ) from exc
 
 
-def _optional(pattern: re.Pattern[bytes], blob: bytes, blocks: Sequence[bytes | None]) -> pa.Array:
-    if pattern.search(blob) is None:
+def _optional(pattern: re.Pattern[bytes], name: bytes, blob: bytes, blocks: Sequence[bytes]) -> pa.Array:
+    if name not in blob:  # a substring test is much cheaper than the regular expression
         return pa.nulls(len(blocks), pa.string())
     values = []
     for block in blocks:
-        found = pattern.search(block or b"")
+        found = pattern.search(block)
         values.append(found.group(1) if found else None)
     return _text(values)
 
 
-def _raise_malformed(stored: list[_Stored]) -> None:
+def _raise_malformed(commits: _Commits) -> None:
     required = ((_TYPE, "Es-Type"), (_SCHEMA_VERSION, "Es-Schema-Version"), (_EVENT_ID, "Es-Event-Id"),
                 (_VERSION, "Es-Version"), (_RECORDED_AT, "Es-Recorded-At"))
-    for seq, subject, headers, _ in stored:
+    for i, headers in enumerate(commits.headers):
         for pattern, name in required:
-            if len(pattern.findall(headers or b"")) != 1:
+            if len(pattern.findall(headers)) != 1:
                 raise EventDecodeError(
-                    f"Message at position {seq} on {subject.decode()} lacks a single {name} header: it was not "
-                    "written by jetsourcing. Keep foreign messages off the event subjects."
+                    f"Message at {commits.where(i)} lacks a single {name} header: it was not written by "
+                    "jetsourcing. Keep foreign messages off the event subjects."
                 )
 
 
 # -- the wire-level range reader -----------------------------------------------------------------
-
-
-_Raw = tuple[bytes, bytes, "bytes | None", bytes]
-"""A message as it came off the wire: (subject, reply, header block, payload)."""
 
 
 class _RangePull:
@@ -578,10 +594,9 @@ class _RangePull:
     (an ephemeral, unacknowledged consumer; two pull requests in flight; the
     consumer's delivery sequence checked on every message; after a gap, a
     deleted consumer, missed heartbeats or a lost connection, a new consumer
-    starting right after the last message handed over), but it handles whole
-    chunks of raw messages instead of one nats-py message object per callback:
-    OrderedPull's per-message path costs about twice the CPU of this whole
-    reader. Bounded reads only.
+    starting right after the last message handed over), but it takes whole
+    chunks of raw messages from its :class:`_Inbox` and checks their reply
+    subjects with a few bytes operations per chunk. Bounded reads only.
     """
 
     def __init__(self, nc: _ReadConnection, opts: _Options, start: int, stop: int) -> None:
@@ -589,8 +604,8 @@ class _RangePull:
         self._opts = opts
         self.next_seq = start
         self._stop = stop
-        self._raw: list[_Raw] = []
         self._wake = asyncio.Event()
+        self._inbox = _Inbox(self._arrived)
         self._consumer = b""
         self._last_dseq = 0
         self._pending: int | None = None
@@ -598,31 +613,32 @@ class _RangePull:
         self._reset = False
         self._last_activity = time.monotonic()
         self._heartbeat_s = 1.0
+        self._subject = ""
 
     def _arrived(self) -> None:
         self._last_activity = time.monotonic()
         self._wake.set()
 
-    async def batches(self) -> AsyncIterator[list[_Stored]]:
-        """Yield lists of (sequence, subject, header block, payload) until the range is read."""
+    async def batches(self) -> AsyncIterator[_Commits]:
+        """Yield the commits of the range in order, in batches of about ``batch`` or more."""
         nc = self._nc
-        sub = await nc.subscribe(nc.new_inbox())  # no callback: the connection routes to self._raw
-        nc.route(sub._id, self._raw, self._arrived)
-        self._inbox = sub.subject
+        sub = await nc.subscribe(nc.new_inbox())  # no callback: the connection routes to self._inbox
+        nc.route(sub._id, self._inbox)
+        self._subject = sub.subject
         try:
             await self._create_consumer()
             # Hand over big batches: every batch costs a few fixed Arrow and Spark calls.
             least = max(1, self._opts.batch // 2)
-            out: list[_Stored] = []
+            out = _Commits()
             while True:
-                out += self._drain()
+                out.extend(self._drain())
                 if self._finished():
                     if out:
                         yield out
                     return
                 if len(out) >= least:
                     yield out
-                    out = []
+                    out = _Commits()
                     self._resumed()
                     continue
                 if self._reset or time.monotonic() - self._last_activity > self._heartbeat_s * 3:
@@ -634,13 +650,13 @@ class _RangePull:
                 except Exception:  # noqa: BLE001 - disconnected: the staleness check resets the consumer
                     self._requests.clear()
                 self._wake.clear()
-                if not self._raw:
+                if not self._inbox:
                     try:
                         await asyncio.wait_for(self._wake.wait(), self._heartbeat_s)
                     except asyncio.TimeoutError:
                         if out:  # a slow trickle: do not sit on what arrived
                             yield out
-                            out = []
+                            out = _Commits()
                             self._resumed()
         finally:
             nc.unroute(sub._id)
@@ -654,42 +670,66 @@ class _RangePull:
         # that pause must not count as missed heartbeats.
         self._last_activity = max(self._last_activity, time.monotonic())
 
-    def _drain(self) -> list[_Stored]:
-        if not self._raw:
-            return []
-        raw = self._raw[:]
-        self._raw.clear()
-        out: list[_Stored] = []
-        consumer = self._consumer
-        last_dseq = self._last_dseq
-        stop = self._stop
-        delivered = 0
-        for subject, reply, headers, payload in raw:
-            if not reply:
-                self._on_status(headers or b"")
-                continue
-            if self._reset:
-                continue
+    def _drain(self) -> _Commits:
+        subjects, replies, headers, bodies, statuses = self._inbox.take()
+        for status in statuses:
+            self._on_status(status)
+        count = len(replies)
+        if not count or self._reset:
+            return _Commits()
+        # Every reply is "$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<timestamp>.
+        # <pending>": with our consumer's prefix cut off, five numbers each, split in one go.
+        joined = b"\n".join(replies)
+        prefix = b"$JS.ACK." + self._opts.stream.encode() + b"." + self._consumer + b"."
+        numbers = joined.replace(prefix, b"").replace(b"\n", b".").split(b".")
+        last = self._last_dseq
+        if (
+            joined.count(prefix) == count
+            and len(numbers) == 5 * count
+            and int(numbers[2]) == last + 1
+            and int(numbers[-3]) == last + count  # a consumer delivers its sequence in order, without repeats
+        ):
+            self._last_dseq = last + count
+            self._pending = int(numbers[-1])
+            commits = _Commits(list(map(int, numbers[1::5])), subjects, headers, bodies)
+        else:
+            commits = self._drain_one_by_one(subjects, replies, headers, bodies)
+        self._settle(count)
+        if commits.positions and commits.positions[-1] > self._stop:
+            keep = bisect.bisect_right(commits.positions, self._stop)
+            commits = _Commits(commits.positions[:keep], commits.subjects[:keep], commits.headers[:keep],
+                               commits.bodies[:keep])
+            self.next_seq = self._stop + 1
+        elif commits.positions:
+            self.next_seq = commits.positions[-1] + 1
+        return commits
+
+    def _drain_one_by_one(
+        self, subjects: list[bytes], replies: list[bytes], headers: list[bytes], bodies: list[bytes]
+    ) -> _Commits:
+        """The careful path: another reply layout, a late message of an old consumer, or a gap."""
+        out = _Commits()
+        for subject, reply, block, body in zip(subjects, replies, headers, bodies):
             # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts>.<pending>, or the v2 form
             # with <domain>.<account hash> after ACK and a random token at the end.
             tokens = reply.split(b".")
             base = 2 if len(tokens) == 9 else 4
-            if tokens[base + 1] != consumer:
-                continue  # a previous consumer's late message
+            if len(tokens) < base + 7 or tokens[base + 1] != self._consumer:
+                continue  # not ours: a previous consumer's late message
             dseq = int(tokens[base + 4])
-            if dseq != last_dseq + 1:
-                self._reset = True
-                continue
-            last_dseq = dseq
-            delivered += 1
-            sseq = int(tokens[base + 3])
+            if dseq != self._last_dseq + 1:
+                self._reset = True  # a gap: continue from the last message handed over
+                break
+            self._last_dseq = dseq
             self._pending = int(tokens[base + 6])
-            if sseq > stop:
-                self.next_seq = stop + 1
-                continue
-            self.next_seq = sseq + 1
-            out.append((sseq, subject, headers, payload))
-        self._last_dseq = last_dseq
+            out.positions.append(int(tokens[base + 3]))
+            out.subjects.append(subject)
+            out.headers.append(block)
+            out.bodies.append(body)
+        return out
+
+    def _settle(self, delivered: int) -> None:
+        """Count delivered messages against the pull requests in flight, oldest first."""
         requests = self._requests
         while delivered and requests:
             taken = min(delivered, requests[0])
@@ -697,7 +737,6 @@ class _RangePull:
             requests[0] -= taken
             if requests[0] <= 0:
                 requests.popleft()
-        return out
 
     def _on_status(self, headers: bytes) -> None:
         # "NATS/1.0 408 Request Timeout\r\n..."; 100 is an idle heartbeat: the consumer is alive.
@@ -727,17 +766,15 @@ class _RangePull:
         self._requests.append(size)
         await self._nc.publish(
             f"$JS.API.CONSUMER.MSG.NEXT.{self._opts.stream}.{self._consumer.decode()}",
-            json.dumps(body).encode(), reply=self._inbox,
+            json.dumps(body).encode(), reply=self._subject,
         )
 
-    def _delete_consumer(self) -> None:
-        if self._consumer and not self._nc.is_closed:
-            name, self._consumer = self._consumer.decode(), b""
-            # Fire and forget: an inactive consumer also expires by itself.
-            asyncio.ensure_future(_quiet_publish(self._nc, f"$JS.API.CONSUMER.DELETE.{self._opts.stream}.{name}"))
-
     async def _create_consumer(self) -> None:
-        self._delete_consumer()
+        if self._consumer and not self._nc.is_closed:
+            # Fire and forget: an inactive consumer also expires by itself.
+            name = self._consumer.decode()
+            asyncio.ensure_future(_quiet_publish(self._nc, f"$JS.API.CONSUMER.DELETE.{self._opts.stream}.{name}"))
+        self._consumer = b""
         opts = self._opts
         name = self._nc.new_inbox().rsplit(".", 1)[-1]
         config: dict[str, object] = {
@@ -781,7 +818,7 @@ class _RangePull:
         pending = info.get("num_pending")
         self._pending = int(pending) if isinstance(pending, int) else None
         self._requests.clear()
-        self._raw.clear()
+        self._inbox.take()  # whatever is left belongs to the old consumer
         self._reset = False
         self._last_activity = time.monotonic()
 
@@ -791,14 +828,60 @@ async def _quiet_publish(nc: _ReadConnection, subject: str) -> None:
         await nc.publish(subject, b"")
 
 
+_Raw = tuple[bytes, "bytes | None", bytes, bytes]
+"""A message off the wire: (subject, reply subject or None, header block, body)."""
+
+
+class _Inbox:
+    """Where a routed subscription's messages go: data messages column by column, status messages apart."""
+
+    __slots__ = ("subjects", "replies", "headers", "bodies", "statuses", "arrived")
+
+    def __init__(self, arrived: Callable[[], None]) -> None:
+        self.arrived = arrived
+        self.subjects: list[bytes] = []
+        self.replies: list[bytes] = []
+        self.headers: list[bytes] = []
+        self.bodies: list[bytes] = []
+        self.statuses: list[bytes] = []
+
+    def __bool__(self) -> bool:
+        return bool(self.replies or self.statuses)
+
+    def add(self, rows: list[_Raw]) -> None:
+        """Take a chunk's messages (in order) and wake the reader."""
+        subjects, replies, headers, bodies = zip(*rows)
+        if None in replies or b"" in replies:  # status messages (no reply subject) among them
+            for subject, reply, block, body in rows:
+                if reply:
+                    self.subjects.append(subject)
+                    self.replies.append(reply)
+                    self.headers.append(block)
+                    self.bodies.append(body)
+                else:
+                    self.statuses.append(block)
+        else:
+            self.subjects += subjects
+            self.replies += replies  # no None left: checked above
+            self.headers += headers
+            self.bodies += bodies
+        self.arrived()
+
+    def take(self) -> tuple[list[bytes], list[bytes], list[bytes], list[bytes], list[bytes]]:
+        """Everything received so far (and forget it)."""
+        taken = (self.subjects, self.replies, self.headers, self.bodies, self.statuses)
+        self.subjects, self.replies, self.headers, self.bodies, self.statuses = [], [], [], [], []
+        return taken
+
+
 class _FastParser(Parser):
     """nats-py's protocol parser with a fast path for messages of routed subscriptions.
 
-    MSG/HMSG control lines are read with byte searches instead of regular
-    expressions, and messages of a routed subscription are appended to its
-    list as raw bytes, with one wake-up call per chunk read from the socket.
-    Other messages go through nats-py as usual; any other protocol line (PING,
-    INFO, -ERR, ...) and split lines go to the original parser.
+    MSG/HMSG control lines are read with a byte search and a split, and
+    messages of a routed subscription go straight into its :class:`_Inbox` as
+    raw bytes, with one wake-up call per chunk read from the socket. Other
+    messages go through nats-py as usual; any other protocol line (PING, INFO,
+    -ERR, ...) goes to the original parser.
     """
 
     async def parse(self, data: bytes = b"") -> None:
@@ -811,26 +894,29 @@ class _FastParser(Parser):
         size = len(view)
         pos = 0
         routes = self.nc._routes
-        woken: list[Callable[[], None]] = []
+        find = view.find
+        received: dict[_Inbox, list[_Raw]] = {}
+        rows: list[_Raw] = []
+        routed_sid = None
         while pos < size:
+            # HMSG <subject> <sid> [reply-to] <header bytes> <total bytes>\r\n or
+            # MSG <subject> <sid> [reply-to] <total bytes>\r\n
             if view.startswith(b"HMSG ", pos):
-                eol = view.find(b"\r\n", pos)
+                eol = find(b"\r\n", pos)
                 if eol < 0:
-                    break
+                    break  # an incomplete line
                 parts = view[pos + 5 : eol].split(b" ")
                 if len(parts) == 5:
                     subject, sid, reply, header_len, total_len = parts
                 elif len(parts) == 4:
                     subject, sid, header_len, total_len = parts
-                    reply = b""
+                    reply = None
                 else:
                     break  # malformed: the original parser reports it
                 start = eol + 2
                 split = start + int(header_len)
-                end = start + int(total_len)
-                headers: bytes | None = view[start:split]
             elif view.startswith(b"MSG ", pos):
-                eol = view.find(b"\r\n", pos)
+                eol = find(b"\r\n", pos)
                 if eol < 0:
                     break
                 parts = view[pos + 4 : eol].split(b" ")
@@ -838,28 +924,30 @@ class _FastParser(Parser):
                     subject, sid, reply, total_len = parts
                 elif len(parts) == 3:
                     subject, sid, total_len = parts
-                    reply = b""
+                    reply = None
                 else:
                     break
                 start = split = eol + 2
-                end = start + int(total_len)
-                headers = None
             else:
-                break
+                break  # another operation: the original parser's
+            end = start + int(total_len)
             if end + 2 > size:
                 break  # the message is not complete yet
             pos = end + 2
-            route = routes.get(int(sid))
-            if route is None:
-                await self.nc._process_msg(int(sid), subject, reply, view[split:end], headers)
-            else:
-                route[0].append((subject, reply, headers, view[split:end]))
-                if route[1] not in woken:
-                    woken.append(route[1])
+            if sid != routed_sid:
+                inbox = routes.get(sid)
+                if inbox is None:
+                    routed_sid = None
+                    headers = view[start:split] if split > start else None
+                    await self.nc._process_msg(int(sid), subject, reply or b"", view[split:end], headers)
+                    continue
+                routed_sid = sid
+                rows = received.setdefault(inbox, [])
+            rows.append((subject, reply, view[start:split], view[split:end]))
         if pos:
             del buf[:pos]
-        for wake in woken:
-            wake()
+        for inbox, got in received.items():
+            inbox.add(got)
         if buf and not (buf.startswith(b"HMSG ") or buf.startswith(b"MSG ")):
             await super().parse()
 
@@ -867,29 +955,27 @@ class _FastParser(Parser):
 class _ReadConnection(Connection):
     """The event store's NATS connection with routed subscriptions, for one task's bulk read.
 
-    A routed subscription's messages are appended, unparsed, to a list, and a
-    callback is called once per chunk read from the socket (see
-    :class:`_FastParser`); everything else behaves as in nats-py.
+    A routed subscription's messages go, unparsed, into an :class:`_Inbox`
+    (see :class:`_FastParser`); everything else behaves as in nats-py.
     """
 
     def __init__(self) -> None:
         super().__init__()
-        self._routes: dict[int, tuple[list[_Raw], Callable[[], None]]] = {}
+        self._routes: dict[bytes | None, _Inbox] = {}
         self._ps = _FastParser(self)
 
-    def route(self, sid: int, sink: list[_Raw], arrived: Callable[[], None]) -> None:
-        """Append the messages of subscription ``sid`` to ``sink``, calling ``arrived`` after each chunk."""
-        self._routes[sid] = (sink, arrived)
+    def route(self, sid: int, inbox: _Inbox) -> None:
+        """Deliver the messages of subscription ``sid`` into ``inbox``."""
+        self._routes[str(sid).encode()] = inbox
 
     def unroute(self, sid: int) -> None:
         """Stop routing subscription ``sid``."""
-        self._routes.pop(sid, None)
+        self._routes.pop(str(sid).encode(), None)
 
     async def _process_msg(self, sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
         # Messages the original parser handled (after a PING or INFO in the same chunk).
-        route = self._routes.get(sid)
-        if route is None:
+        inbox = self._routes.get(str(sid).encode())
+        if inbox is None:
             await super()._process_msg(sid, subject, reply, data, headers)  # type: ignore[arg-type]
             return
-        route[0].append((subject, reply, headers, data))
-        route[1]()
+        inbox.add([(subject, reply, headers or b"", data)])

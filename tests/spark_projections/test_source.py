@@ -170,7 +170,7 @@ async def test_a_partition_survives_losing_its_consumer(store: EventStore) -> No
     deleted = 0
     try:
         async for stored in pull.batches():
-            seen += [s[0] for s in stored]
+            seen += stored.positions
             if deleted < 2 and len(seen) >= 100 * (deleted + 1):
                 deleted += 1
                 await store.nc.request(f"$JS.API.CONSUMER.DELETE.{opts.stream}.{pull._consumer.decode()}", b"")
@@ -181,13 +181,15 @@ async def test_a_partition_survives_losing_its_consumer(store: EventStore) -> No
 
 
 def test_events_schema_is_what_the_reader_returns() -> None:
-    converted = source._Converter("p").convert([
-        (9, b"p.Account.a%2Eb", b"NATS/1.0\r\nEs-Type: A,B\r\nEs-Schema-Version: 1,2\r\nEs-Event-Id: x,y\r\n"
-         b"Es-Version: 5\r\nEs-Recorded-At: 2026-01-01T00:00:00.000001+00:00\r\nEs-Causation-Id: c\r\n\r\n",
-         b'{"a":1}\n{"b":2}'),
-        (10, b"p.Cart.c", b"NATS/1.0\r\nNats-Msg-Id: m\r\nEs-Version: 1\r\nEs-Type: C\r\nEs-Schema-Version: 3\r\n"
-         b"Es-Event-Id: z\r\nEs-Recorded-At: 2026-01-02T00:00:00Z\r\n\r\n", b'{"c":3}'),
-    ])
+    converted = source._Converter("p").convert(source._Commits(
+        [9, 10],
+        [b"p.Account.a%2Eb", b"p.Cart.c"],
+        [b"NATS/1.0\r\nEs-Type: A,B\r\nEs-Schema-Version: 1,2\r\nEs-Event-Id: x,y\r\nEs-Version: 5\r\n"
+         b"Es-Recorded-At: 2026-01-01T00:00:00.000001+00:00\r\nEs-Causation-Id: c\r\n\r\n",
+         b"NATS/1.0\r\nNats-Msg-Id: m\r\nEs-Version: 1\r\nEs-Type: C\r\nEs-Schema-Version: 3\r\n"
+         b"Es-Event-Id: z\r\nEs-Recorded-At: 2026-01-02T00:00:00Z\r\n\r\n"],
+        [b'{"a":1}\n{"b":2}', b'{"c":3}'],
+    ))
     rows = converted.to_pylist()
     assert [(r["position"], r["index"], r["stream_id"], r["entity_id"], r["version"], r["type"], r["schema_version"],
              r["event_id"], r["payload"], r["causation_id"]) for r in rows] == [
@@ -229,7 +231,7 @@ async def test_a_partition_survives_a_server_restart(tmp_path: Path) -> None:
         pull._create_consumer = counting_create  # type: ignore[method-assign]
         try:
             async for stored in pull.batches():
-                seen += [s[0] for s in stored]
+                seen += stored.positions
                 if not restarted and len(seen) >= 500:
                     restarted = True
                     await asyncio.to_thread(server.kill)
