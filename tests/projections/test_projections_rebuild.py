@@ -62,6 +62,9 @@ async def test_rebuild_while_writers_append_switches_to_a_caught_up_model(
     assert len({cp for _, cp in seen}) > 1, "the live model was not updated during the rebuild"
 
     await writing
+    # Events after the switch: the daemon must apply them to generation 2 (if the writers
+    # finished before the switch, this is what makes it notice).
+    await append_workload(es, workload(20, accounts=900, seed=12))
     last = await es.last_position()
     await wait_until(lambda: checkpoint(psettings, "account_balances") == last, 30, "the daemon to follow gen 2")
     daemon.stop()
