@@ -7,7 +7,9 @@ For N events (default 1,000,000; single-event commits on 10,000 accounts), in on
   JSON parsed with ``from_json``) straight from JetStream with 1 and 2 read partitions;
 * ``parquet_to_delta_eps``: the same events from a Parquet copy, the same projection, the
   same Delta write (:func:`spark_projections.delta.full_rebuild`): the Spark-side ceiling;
-* ``jetstream_read_eps_p1`` / ``_p2``: the data source alone (``noop`` sink), for diagnosis.
+* ``jetstream_read_eps_p1`` / ``_p2``: the data source alone, every column (``noop`` sink),
+  and ``jetstream_read_eps_p2_rows`` the same with one Python tuple per event instead of
+  Arrow batches - the alternative the source does not take.
 
 Each figure is the best of ``--rounds`` runs after one warm-up run (the machine is shared).
 Own embedded nats-server and Spark session (``local[2]``); progress on stderr; the last
@@ -201,8 +203,10 @@ def main() -> None:
             extra_conf={"spark.ui.showConsoleProgress": "false", "spark.sql.session.timeZone": "UTC"},
         ))
         log(f"spark session: {time.perf_counter() - started:.1f}s")
+        # The projection names the event columns it reads, so the source builds only those
+        # (Spark prunes Parquet columns by itself, but cannot tell a Python source).
         projection = DataFrameProjection(name="balances", build=balances, keys=("account_id",),
-                                         categories=("Account",))
+                                         categories=("Account",), columns=("position", "type", "entity_id", "payload"))
         root = Path(tmp) / "delta"
 
         # The Parquet copy, written from JetStream (this also warms up the Python workers).

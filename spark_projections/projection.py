@@ -148,7 +148,7 @@ class DataFrameProjection:
     """A read model computed by a plain function from the events DataFrame.
 
     ``build`` gets the events (:data:`~spark_projections.source.EVENTS_SCHEMA`,
-    limited to ``categories``) and returns one row per ``keys``. For
+    or just ``columns``, limited to ``categories``) and returns one row per ``keys``. For
     :func:`update` it gets only the new events; ``combine`` (column -> how, see
     :data:`Combine`; unlisted columns: ``"last"``) then merges the partial rows
     into the stored ones. Without ``combine``, :func:`update` rebuilds.
@@ -160,6 +160,8 @@ class DataFrameProjection:
     categories: tuple[str, ...] | None = None
     version: int = 1
     combine: Mapping[str, Combine] | None = None
+    columns: tuple[str, ...] | None = None
+    """The event columns ``build`` uses (default: all): the source then builds only those."""
 
     def __post_init__(self) -> None:
         if isinstance(self.keys, str):
@@ -268,10 +270,14 @@ def update(
     if isinstance(projection, DataFrameProjection) and projection.combine is None:
         return _rebuild(spark, projection, settings, root, registry, high, partitions, group_by)
     events = read_events(spark, settings, categories=projection.categories, from_position=low + 1,
-                         to_position=high, partitions=partitions)
+                         to_position=high, partitions=partitions, columns=_columns_of(projection))
     if isinstance(projection, DataFrameProjection):
         return _merge_dataframe(projection, events, root, app_id, low, high)
     return _merge_fold(projection, events, root, app_id, low, high, registry, group_by)
+
+
+def _columns_of(projection: AnyProjection) -> tuple[str, ...] | None:
+    return projection.columns if isinstance(projection, DataFrameProjection) else None
 
 
 def _rebuild(
@@ -288,7 +294,8 @@ def _rebuild(
     recorded = [recorded_position(spark, root / name, app_id) for name in table_names(projection)]
     if all(position is not None and position >= high for position in recorded):
         return ProjectionRun(projection.name, app_id, "noop", 1, min(p for p in recorded if p is not None))
-    events = read_events(spark, settings, categories=projection.categories, to_position=high, partitions=partitions)
+    events = read_events(spark, settings, categories=projection.categories, to_position=high, partitions=partitions,
+                         columns=_columns_of(projection))
     if isinstance(projection, DataFrameProjection):
         result = full_rebuild(projection.build(events), root / projection.name, app_id=app_id, position=high)
         return ProjectionRun(projection.name, app_id, "rebuild", 1, high, {projection.name: result})

@@ -113,8 +113,6 @@ is ``"Category/entity-id"``; ``version`` the entity's version after the event;
 ``recorded_at`` a UTC timestamp; ``payload`` the event's stored JSON.
 """
 
-_ARROW_SCHEMA = to_arrow_schema(EVENTS_SCHEMA, timezone="UTC")
-
 _DEFAULT_BATCH = 5000
 _NS = 1_000_000_000
 _GIVE_UP_S = 30.0  # how long a partition retries creating its consumer (server restarting)
@@ -201,6 +199,10 @@ class JetStreamDataSource(DataSource):
     ``from_position`` (default 1), ``to_position`` (default: the last position when
     the query is planned), ``partitions`` (parallel reads; default 1), ``batch``
     (messages per pull request; default 5000), ``request_timeout_s`` (default 5).
+
+    Column pruning: Spark does not tell Python sources which columns a query uses,
+    so ``.schema("position BIGINT, type STRING, payload STRING")`` (any subset of
+    :data:`EVENTS_SCHEMA`, same types) makes the read build only those columns.
     """
 
     @classmethod
@@ -211,7 +213,19 @@ class JetStreamDataSource(DataSource):
         return EVENTS_SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return _Reader(_Options.parse(self.options))
+        return _Reader(_Options.parse(self.options), _columns(schema))
+
+
+def _columns(schema: StructType) -> tuple[str, ...]:
+    """The event columns a read must produce: all, or the subset a user schema names (column pruning)."""
+    known = {f.name: f.dataType for f in EVENTS_SCHEMA.fields}
+    wrong = [f"{f.name} {f.dataType.simpleString()}" for f in schema.fields if known.get(f.name) != f.dataType]
+    if wrong or not schema.fields:
+        raise EventSourceError(
+            f"A jetstream schema may only pick columns of the events schema, with their types; not {wrong or 'none'}. "
+            f"Columns: {', '.join(f'{f.name} {f.dataType.simpleString()}' for f in EVENTS_SCHEMA.fields)}."
+        )
+    return tuple(schema.fieldNames())
 
 
 class _Range(InputPartition):
@@ -240,8 +254,9 @@ def split_range(first: int, last: int, parts: int) -> list[tuple[int, int]]:
 
 
 class _Reader(DataSourceReader):
-    def __init__(self, options: _Options) -> None:
+    def __init__(self, options: _Options, columns: tuple[str, ...] = tuple(EVENTS_SCHEMA.fieldNames())) -> None:
         self.options = options
+        self.columns = columns
 
     def partitions(self) -> list[InputPartition]:
         opts = self.options
@@ -254,7 +269,7 @@ class _Reader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, _Range):
             return iter(())
-        return _read_range(self.options, partition.start, partition.stop)
+        return _read_range(self.options, partition.start, partition.stop, self.columns)
 
 
 def register(spark: SparkSession) -> None:
@@ -271,6 +286,7 @@ def read_events(
     to_position: int | None = None,
     partitions: int | None = None,
     batch: int = _DEFAULT_BATCH,
+    columns: Sequence[str] | None = None,
 ) -> DataFrame:
     """The events of ``settings``' stream as a DataFrame with :data:`EVENTS_SCHEMA`.
 
@@ -280,6 +296,8 @@ def read_events(
     for a repeatable read). ``partitions`` (default: Spark's default
     parallelism) is how many tasks read sequence ranges in parallel, each over
     its own connection. Every event in the range is returned exactly once.
+    ``columns`` (default: all) names the event columns to build, in that order:
+    a read that needs few columns is cheaper (Spark cannot prune them itself).
     """
     if settings.nats_url is None:
         raise EventSourceError(
@@ -300,6 +318,12 @@ def read_events(
         reader = reader.option("categories", ",".join(categories))
     if to_position is not None:
         reader = reader.option("to_position", str(to_position))
+    if columns is not None:
+        types = {f.name: f for f in EVENTS_SCHEMA.fields}
+        unknown = [c for c in columns if c not in types]
+        if unknown:
+            raise EventSourceError(f"Unknown event columns {unknown}; the columns are {EVENTS_SCHEMA.fieldNames()}.")
+        reader = reader.schema(StructType([types[c] for c in columns]))
     return reader.load()
 
 
@@ -349,11 +373,13 @@ async def _stream_bounds(opts: _Options) -> tuple[int, int]:
         await nc.close()
 
 
-def _read_range(opts: _Options, start: int, stop: int) -> Iterator[pa.RecordBatch]:
-    """Yield the events of sequences ``start..stop`` as Arrow batches, driving a private event loop."""
+def _read_range(
+    opts: _Options, start: int, stop: int, columns: Sequence[str] = tuple(EVENTS_SCHEMA.fieldNames())
+) -> Iterator[pa.RecordBatch]:
+    """Yield the events of sequences ``start..stop`` as Arrow batches of ``columns``, driving a private event loop."""
     loop = asyncio.new_event_loop()
     pulled = _pull(opts, start, stop)
-    converter = _Converter(opts.subject_prefix)
+    converter = _Converter(opts.subject_prefix, columns)
     # A read allocates millions of short-lived acyclic objects: collecting every 700
     # allocations (the default) costs about 10% of it for nothing.
     thresholds = gc.get_threshold()
@@ -418,6 +444,7 @@ _RECORDED_AT = _header_re("Es-Recorded-At")
 _CORRELATION_ID = _header_re("Es-Correlation-Id")
 _CAUSATION_ID = _header_re("Es-Causation-Id")
 _SEPARATOR = b"\r\n\x00"  # between header blocks: no header value can span it
+_OTHER_HEADERS = frozenset({"schema_version", "event_id", "version", "recorded_at"})
 # The five required headers in the order eventstore.wire.encode_commit writes them: one
 # pass over a batch's headers instead of five. Any other layout takes the slower path.
 _WRITER_LAYOUT = re.compile(
@@ -429,14 +456,24 @@ _WRITER_LAYOUT = re.compile(
 class _Converter:
     """Turns pulled commits into one Arrow record batch of events, with Arrow kernels wherever possible."""
 
-    def __init__(self, prefix: str) -> None:
+    def __init__(self, prefix: str, columns: Sequence[str] = tuple(EVENTS_SCHEMA.fieldNames())) -> None:
         self._prefix = prefix + "."
+        fields = {f.name: f for f in EVENTS_SCHEMA.fields}
+        self._schema = to_arrow_schema(StructType([fields[c] for c in columns]), timezone="UTC")
+        self._want = set(columns)
 
     def convert(self, commits: _Commits) -> pa.RecordBatch:
-        """One row per event of ``commits`` (in order), as :data:`EVENTS_SCHEMA`."""
+        """One row per event of ``commits`` (in order), with the converter's columns of :data:`EVENTS_SCHEMA`."""
         count = len(commits)
+        want = self._want
         blocks = commits.headers
         blob = _SEPARATOR.join(blocks)
+        if not want & _OTHER_HEADERS:
+            # Only the type is wanted: one cheap search, unless some commit holds several events.
+            types = _TYPE.findall(blob)
+            if len(types) == count and b"," not in b"".join(types):
+                return self._batch({**self._commit_columns(commits, blob, [], []), **self._event_columns(
+                    commits, types, [], [])}, count)
         found = _WRITER_LAYOUT.findall(blob)
         if len(found) == count:
             types, schemas, event_ids, versions, recorded = (list(column) for column in zip(*found))
@@ -448,31 +485,53 @@ class _Converter:
             recorded = _RECORDED_AT.findall(blob)
             if not (len(types) == len(schemas) == len(event_ids) == len(versions) == len(recorded) == count):
                 _raise_malformed(commits)
-        stream_ids, categories, entity_ids = self._streams(commits)
-        commit_columns: dict[str, pa.Array] = {
-            "position": pa.array(commits.positions, pa.int64()),
-            "stream_id": stream_ids,
-            "category": categories,
-            "entity_id": entity_ids,
-            "last_version": _ints(versions, pa.int64(), commits),
-            "correlation_id": _optional(_CORRELATION_ID, b"\r\nEs-Correlation-Id:", blob, blocks),
-            "causation_id": _optional(_CAUSATION_ID, b"\r\nEs-Causation-Id:", blob, blocks),
-            "recorded_at": _timestamps(recorded, commits),
-        }
+        commit_columns = self._commit_columns(commits, blob, versions, recorded)
         if b"," not in b"".join(types):
             # One event per commit (the common case): every column is per commit already.
-            columns = {
-                **commit_columns,
-                "index": pa.repeat(pa.scalar(0, pa.int32()), count),
-                "version": commit_columns["last_version"],
-                "type": _text(types),
-                "schema_version": _ints(schemas, pa.int32(), commits),
-                "event_id": _text(event_ids),
-                "payload": _text(commits.bodies),
-            }
-        else:
-            columns = _expand(commit_columns, types, schemas, event_ids, commits)
-        return pa.RecordBatch.from_arrays([columns[f.name] for f in _ARROW_SCHEMA], schema=_ARROW_SCHEMA)
+            return self._batch({**commit_columns, **self._event_columns(commits, types, schemas, event_ids)}, count)
+        commit_columns.setdefault("last_version", _ints(versions, pa.int64(), commits))
+        return self._batch(_expand(commit_columns, types, schemas, event_ids, commits), count)
+
+    def _batch(self, columns: dict[str, pa.Array], count: int) -> pa.RecordBatch:
+        if "version" in self._want and "version" not in columns:
+            columns["version"] = columns["last_version"]
+        if "index" in self._want and "index" not in columns:
+            columns["index"] = pa.repeat(pa.scalar(0, pa.int32()), count)
+        return pa.RecordBatch.from_arrays([columns[f.name] for f in self._schema], schema=self._schema)
+
+    def _commit_columns(
+        self, commits: _Commits, blob: bytes, versions: list[bytes], recorded: list[bytes]
+    ) -> dict[str, pa.Array]:
+        """The wanted columns every event of a commit shares."""
+        want = self._want
+        columns: dict[str, pa.Array] = {"position": pa.array(commits.positions, pa.int64())}
+        if want & {"stream_id", "category", "entity_id"}:
+            columns["stream_id"], columns["category"], columns["entity_id"] = self._streams(commits)
+        if "version" in want:
+            columns["last_version"] = _ints(versions, pa.int64(), commits)
+        if "correlation_id" in want:
+            columns["correlation_id"] = _optional(_CORRELATION_ID, b"\r\nEs-Correlation-Id:", blob, commits.headers)
+        if "causation_id" in want:
+            columns["causation_id"] = _optional(_CAUSATION_ID, b"\r\nEs-Causation-Id:", blob, commits.headers)
+        if "recorded_at" in want:
+            columns["recorded_at"] = _timestamps(recorded, commits)
+        return columns
+
+    def _event_columns(
+        self, commits: _Commits, types: list[bytes], schemas: list[bytes], event_ids: list[bytes]
+    ) -> dict[str, pa.Array]:
+        """The wanted per-event columns when every commit holds one event."""
+        want = self._want
+        columns: dict[str, pa.Array] = {}
+        if "type" in want:
+            columns["type"] = _text(types)
+        if "schema_version" in want:
+            columns["schema_version"] = _ints(schemas, pa.int32(), commits)
+        if "event_id" in want:
+            columns["event_id"] = _text(event_ids)
+        if "payload" in want:
+            columns["payload"] = _text(commits.bodies)
+        return columns
 
     def _streams(self, commits: _Commits) -> tuple[pa.Array, pa.Array, pa.Array]:
         """(stream_id, category, entity_id) columns from ``<prefix>.<Category>.<entity token>`` subjects."""

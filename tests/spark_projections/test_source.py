@@ -143,6 +143,23 @@ async def test_foreign_messages_and_bad_options_are_reported(spark: SparkSession
         read_events(spark, store.settings).collect()
 
 
+async def test_column_pruning_builds_only_the_named_columns(spark: SparkSession, store: EventStore) -> None:
+    await interleaved_history(store)
+    expected = await reference(store)
+    picked = ["payload", "position", "index", "entity_id"]
+    rows = read_events(spark, store.settings, columns=picked, partitions=2)
+    assert rows.columns == picked
+    at = [COLUMNS.index(c) for c in picked]
+    assert collect(rows) == sorted(tuple(r[i] for i in at) for r in expected)
+    source.register(spark)
+    df = (spark.read.format("jetstream").schema("version BIGINT, recorded_at TIMESTAMP")
+          .option("url", store.settings.nats_url).option("stream", store.settings.stream)
+          .option("subject_prefix", store.settings.subject_prefix).load())
+    assert collect(df) == sorted((r[5], r[11]) for r in expected)
+    with pytest.raises(PySparkException, match="may only pick columns"):
+        spark.read.format("jetstream").schema("version INT").option("url", store.settings.nats_url).load().collect()
+
+
 def test_split_range() -> None:
     assert split_range(1, 10, 3) == [(1, 4), (5, 7), (8, 10)]
     assert split_range(5, 5, 4) == [(5, 5)]
