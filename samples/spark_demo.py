@@ -37,9 +37,16 @@ from samples.bank.workload import plan, run_commands
 from samples.steps import Demo, bank_projections, money
 # spark_projections/__init__.py exports no names yet; these come from the modules its docstring lists as its
 # surface (each module's __all__). Import them from the package root once it exports them.
-from spark_projections.delta import table_history
-from spark_projections.projection import GROUP_COLUMN, DataFrameProjection, ProjectionRun, rebuild, update
-from spark_projections.session import SparkSettings, spark_session
+from spark_projections import (
+    GROUP_COLUMN,
+    DataFrameProjection,
+    ProjectionRun,
+    SparkSettings,
+    rebuild,
+    spark_session,
+    table_history,
+    update,
+)
 
 __all__ = ["run_spark", "spark_settings"]
 
@@ -80,9 +87,6 @@ async def run_spark(demo: Demo) -> None:
                "offline: JETSOURCING_SPARK_DELTA_JARS_DIR)")
     started = time.monotonic()
     log = demo.workdir / "spark-startup.log"
-    # Spark's Python workers must run this interpreter. spark_session() sees to it for UDFs and data sources,
-    # but the JVM starts its data-source lookup worker with PYSPARK_PYTHON (default: `python3` on PATH).
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     try:
         with _stderr_to(log):
             spark = await _blocking(spark_session, spark_settings())

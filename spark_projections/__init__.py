@@ -11,3 +11,59 @@ Modules, one job each:
 * :mod:`spark_projections.errors` - the typed errors, each with a user-facing remedy;
 * :mod:`spark_projections.cli` - ``jetsourcing-spark check`` / ``fetch-delta-jars``.
 """
+
+from .delta import HistoryEntry, WriteResult, full_rebuild, incremental_merge, latest_per_key, recorded_position, table_history
+from .errors import (
+    DeltaJarsUnavailableError,
+    DeltaNotConfiguredError,
+    DuplicateKeysError,
+    JavaNotFoundError,
+    JavaTooOldError,
+    SchemaMismatchError,
+    SparkProjectionError,
+    SparkStartupError,
+)
+from .jars import export_delta_jars
+from .java import check_java
+from .projection import GROUP_COLUMN, DataFrameProjection, FoldConstraintError, ProjectionRun, rebuild, update
+from .session import ensure_delta, spark_session
+from .settings import SparkSettings
+from .source import EVENTS_SCHEMA, EventSourceError, JetStreamDataSource, read_events
+from .typed import TypedDecodingError, spark_schema, typed_events, typed_frames
+
+__all__ = [
+    "EVENTS_SCHEMA",
+    "GROUP_COLUMN",
+    "DataFrameProjection",
+    "DeltaJarsUnavailableError",
+    "DeltaNotConfiguredError",
+    "DuplicateKeysError",
+    "EventSourceError",
+    "FoldConstraintError",
+    "HistoryEntry",
+    "JavaNotFoundError",
+    "JavaTooOldError",
+    "JetStreamDataSource",
+    "ProjectionRun",
+    "SchemaMismatchError",
+    "SparkProjectionError",
+    "SparkSettings",
+    "SparkStartupError",
+    "TypedDecodingError",
+    "WriteResult",
+    "check_java",
+    "ensure_delta",
+    "export_delta_jars",
+    "full_rebuild",
+    "incremental_merge",
+    "latest_per_key",
+    "read_events",
+    "rebuild",
+    "recorded_position",
+    "spark_schema",
+    "spark_session",
+    "table_history",
+    "typed_events",
+    "typed_frames",
+    "update",
+]

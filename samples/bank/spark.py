@@ -17,7 +17,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 # Not exported by spark_projections/__init__.py yet (see samples/spark_demo.py): the module's own __all__ name.
-from spark_projections.projection import DataFrameProjection
+from spark_projections import DataFrameProjection
 
 from .events import Deposited, MoneyReceived, MoneyReturned, MoneySent, Withdrawn
 
