@@ -36,17 +36,29 @@ from .status import ProjectionStatus, format_status, read_status
 from .store import DeadLetter, ReadModelStore
 from .tables import Table
 from .transaction import MemoryStore, Transaction, fold
+from .reactor_dlq import DeadLetterReason, ReactorDeadLetter, read_reactor_dead_letters
+from .reactor_errors import (
+    DeadLetterStreamError,
+    PoisonEvent,
+    ReactorConfigError,
+    ReactorConsumerError,
+    ReactorError,
+)
+from .reactors import Reactor, ReactorHandler, ReactorStart, ReactorStats, ReactorWorker, run_reactor
 
 __all__ = [
     "CheckpointConflictError",
     "Counters",
     "Daemon",
     "DeadLetter",
+    "DeadLetterReason",
+    "DeadLetterStreamError",
     "ErrorPolicy",
     "HandlerError",
     "LeaseError",
     "MemoryStore",
     "Outcome",
+    "PoisonEvent",
     "Projection",
     "ProjectionDefinitionError",
     "ProjectionError",
@@ -54,6 +66,15 @@ __all__ = [
     "ProjectionSettings",
     "ProjectionStatus",
     "ProjectionStoppedError",
+    "Reactor",
+    "ReactorConfigError",
+    "ReactorConsumerError",
+    "ReactorDeadLetter",
+    "ReactorError",
+    "ReactorHandler",
+    "ReactorStart",
+    "ReactorStats",
+    "ReactorWorker",
     "ReadModelMismatchError",
     "ReadModelStore",
     "RebuildError",
@@ -66,37 +87,9 @@ __all__ = [
     "fold",
     "format_status",
     "handles",
+    "read_reactor_dead_letters",
     "read_status",
     "rebuild",
     "run_daemon",
-]
-
-# reactors
-# (exports of reactors.py are added here by its author; keep this section intact)
-from .reactor_dlq import DeadLetterReason, ReactorDeadLetter, read_reactor_dead_letters
-from .reactor_errors import (
-    DeadLetterStreamError,
-    PoisonEvent,
-    ReactorConfigError,
-    ReactorConsumerError,
-    ReactorError,
-)
-from .reactors import Reactor, ReactorHandler, ReactorStart, ReactorStats, ReactorWorker, run_reactor
-
-__all__ += [
-    "DeadLetterReason",
-    "DeadLetterStreamError",
-    "PoisonEvent",
-    "Reactor",
-    "ReactorConfigError",
-    "ReactorConsumerError",
-    "ReactorDeadLetter",
-    "ReactorError",
-    "ReactorHandler",
-    "ReactorStart",
-    "ReactorStats",
-    "ReactorWorker",
-    "read_reactor_dead_letters",
     "run_reactor",
 ]
-# end reactors

@@ -32,14 +32,14 @@ from .source import EVENTS_SCHEMA, EventSourceError, JetStreamDataSource, read_e
 from .typed import TypedDecodingError, spark_schema, typed_events, typed_frames
 
 __all__ = [
-    "EVENTS_SCHEMA",
-    "GROUP_COLUMN",
     "DataFrameProjection",
     "DeltaJarsUnavailableError",
     "DeltaNotConfiguredError",
     "DuplicateKeysError",
+    "EVENTS_SCHEMA",
     "EventSourceError",
     "FoldConstraintError",
+    "GROUP_COLUMN",
     "HistoryEntry",
     "JavaNotFoundError",
     "JavaTooOldError",

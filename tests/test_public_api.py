@@ -1,0 +1,45 @@
+"""Each package's public surface: exported names exist, are listed in order, and say what they guarantee."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+
+import pytest
+
+PACKAGES = ["eventstore", "aggregates", "projections", "spark_projections"]
+
+
+@pytest.mark.parametrize("name", PACKAGES)
+def test_all_is_sorted_and_complete(name: str) -> None:
+    package = importlib.import_module(name)
+    exported = list(package.__all__)
+    assert exported == sorted(exported), f"{name}.__all__ is not in alphabetical order"
+    missing = [n for n in exported if not hasattr(package, n)]
+    assert not missing, f"{name}.__all__ names what it does not define: {missing}"
+
+
+@pytest.mark.parametrize("name", PACKAGES)
+def test_every_public_class_and_function_has_a_docstring(name: str) -> None:
+    package = importlib.import_module(name)
+    undocumented = [
+        n
+        for n in package.__all__
+        if (inspect.isclass(obj := getattr(package, n)) or inspect.isfunction(obj)) and not inspect.getdoc(obj)
+    ]
+    assert not undocumented, f"{name}: public names without a docstring: {undocumented}"
+
+
+def test_eventstore_imports_none_of_the_other_layers() -> None:
+    import ast
+    from pathlib import Path
+
+    root = Path(importlib.import_module("eventstore").__file__ or "").parent
+    for path in root.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                for module in modules:
+                    assert module.split(".")[0] not in {"aggregates", "projections", "spark_projections", "samples"}, (
+                        f"{path.name} imports {module}: eventstore must not depend on the layers above it"
+                    )
