@@ -5,7 +5,11 @@ Sub-commands:
 * ``check`` - start a session from ``JETSOURCING_SPARK_*`` settings, do a Delta round trip
   in a temporary folder and print what was used (Java, Spark, jars, start-up time);
 * ``fetch-delta-jars DIR`` - resolve the Delta jars online and copy them into ``DIR``, for
-  machines without network access (``JETSOURCING_SPARK_DELTA_JARS_DIR=DIR``).
+  machines without network access (``JETSOURCING_SPARK_DELTA_JARS_DIR=DIR``);
+* ``rebuild module:Projection --root DIR`` / ``update module:Projection --root DIR`` -
+  materialise a projection into Delta tables under ``DIR`` (see
+  :mod:`spark_projections.projection`). Spark runs locally by default; any master via
+  ``JETSOURCING_SPARK_MASTER`` (e.g. ``spark://host:7077``).
 
 Exit status 0 on success, 2 with a one-paragraph explanation (no stack trace) when a
 :class:`~spark_projections.errors.SparkProjectionError` occurs.
@@ -21,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from spark_projections.errors import SparkProjectionError
+from spark_projections.projection import add_commands, run_command
 
 __all__ = ["main"]
 
@@ -37,10 +42,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     fetch.add_argument("dest", type=Path, help="folder to copy the jars into (created)")
     fetch.add_argument("--delta-version", help="Delta version to resolve (default: settings)")
+    add_commands(commands)
     args = parser.parse_args(argv)
     try:
         if args.command == "check":
             return _check()
+        if args.command in ("rebuild", "update"):
+            return run_command(args)
         return _fetch(args.dest, args.delta_version)
     except SparkProjectionError as exc:
         print(f"error: {exc}", file=sys.stderr)
