@@ -18,6 +18,7 @@ demo: $(STAMP)
 	$(PY) -m samples.demo
 
 test: $(STAMP)
+	$(PY) -m mypy
 	$(PY) -m pytest
 
 lint: $(STAMP)
