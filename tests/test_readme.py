@@ -1,4 +1,8 @@
-"""The README's Python blocks run as written, in order, against the session's server."""
+"""The README's Python blocks run as written, in order, against the session's server.
+
+Blocks fenced as ``py`` rather than ``python`` (the Spark example: its classes would have
+to be importable by Spark's executors) are exercised by the samples and their tests instead.
+"""
 
 from __future__ import annotations
 
