@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -156,18 +157,22 @@ def read_rows(opts: Any, start: int, stop: int) -> Iterator[tuple[object, ...]]:
     headers_re = re.compile(rb"\r\n(Es-[A-Za-z-]+):[ \t]*([^\r]*)")
     loop = asyncio.new_event_loop()
     pulled = source._pull(opts, start, stop)
-    streams = source._Converter(opts.subject_prefix)
+    skip = len(opts.subject_prefix) + 1
+    streams: dict[bytes, tuple[str, str, str]] = {}
     try:
         while True:
             try:
-                stored = loop.run_until_complete(pulled.__anext__())
+                commits = loop.run_until_complete(pulled.__anext__())
             except StopAsyncIteration:
                 break
-            for seq, subject, raw, body in stored:
-                h = dict(headers_re.findall(raw or b""))
-                stream_id, category, entity = streams._stream(subject)
+            for seq, subject, raw, body in zip(commits.positions, commits.subjects, commits.headers, commits.bodies):
+                h = dict(headers_re.findall(raw))
+                stream = streams.get(subject)
+                if stream is None:
+                    category, _, entity = subject[skip:].decode().partition(".")
+                    stream = streams[subject] = (f"{category}/{unquote(entity)}", category, unquote(entity))
                 corr, cause = h.get(b"Es-Correlation-Id"), h.get(b"Es-Causation-Id")
-                yield (seq, 0, stream_id, category, entity, int(h[b"Es-Version"]), h[b"Es-Type"].decode(),
+                yield (seq, 0, *stream, int(h[b"Es-Version"]), h[b"Es-Type"].decode(),
                        int(h[b"Es-Schema-Version"]), h[b"Es-Event-Id"].decode(), corr and corr.decode(),
                        cause and cause.decode(), datetime.fromisoformat(h[b"Es-Recorded-At"].decode()), body.decode())
     finally:
