@@ -1,7 +1,14 @@
 """Spark batch projections of jetsourcing event streams into Delta Lake.
 
-Modules, one job each:
+If you are here to read the code, start with ``source.py`` (the JetStream data
+source), then ``projection.py`` (daemon projections and DataFrame projections
+run in Spark), ``delta.py`` and ``session.py``. Modules, one job each:
 
+* :mod:`spark_projections.source` - ``spark.read.format("jetstream")`` / ``read_events``:
+  the stream's positions split into ranges read in parallel, one row per event;
+* :mod:`spark_projections.typed` - Spark schemas from pydantic models, typed frames per
+  event type with upcasting;
+* :mod:`spark_projections.projection` - ``rebuild`` / ``update`` of a projection's Delta tables;
 * :mod:`spark_projections.session` - ``spark_session(settings)``: a Spark session with
   Delta Lake guaranteed usable (settings in :mod:`spark_projections.settings`);
 * :mod:`spark_projections.delta` - ``full_rebuild`` / ``incremental_merge`` into Delta,
