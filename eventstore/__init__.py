@@ -8,7 +8,7 @@ nats-server) and ``errors.py``.
 """
 
 from .append import MAX_ENTITIES_PER_APPEND, EntityAppend
-from .consumer import OrderedPull
+from .consumer import OrderedPull, create_replay_consumer
 from .errors import (
     ConcurrencyError,
     EventDecodeError,
@@ -56,6 +56,7 @@ __all__ = [
     "TypeRegistry",
     "UnknownEventTypeError",
     "Upcaster",
+    "create_replay_consumer",
     "decode_commit",
     "decode_entity_id",
     "encode_commit",

@@ -16,7 +16,7 @@ import asyncio
 import json
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -24,13 +24,68 @@ from nats.aio.subscription import Subscription
 
 from .errors import ServerUnavailableError
 
-__all__ = ["OrderedPull", "StoredMsg"]
+__all__ = ["OrderedPull", "StoredMsg", "create_replay_consumer"]
 
 StoredMsg = tuple[int, Msg]
 """A stream message with its stream sequence."""
 
 _NS = 1_000_000_000
 _background: set[asyncio.Future[None]] = set()
+
+
+async def create_replay_consumer(
+    nc: NATS,
+    stream: str,
+    start_seq: int,
+    filter_subjects: Sequence[str],
+    *,
+    api_timeout_s: float,
+    give_up_s: float | None,
+    should_stop: Callable[[], bool] = lambda: False,
+    api_prefix: str = "$JS.API",
+) -> tuple[str, dict[str, object]]:
+    """Create an ephemeral, ack-less, in-memory consumer that delivers from ``start_seq``; (name, info).
+
+    Retries with backoff while the server is down or restarting, for up to
+    ``give_up_s`` (None: forever, until ``should_stop()``), then raises
+    :class:`ServerUnavailableError`. Unused, the consumer expires after a minute.
+    """
+    name = nc.new_inbox().rsplit(".", 1)[-1]
+    config: dict[str, object] = {
+        "name": name,
+        "deliver_policy": "by_start_sequence",
+        "opt_start_seq": start_seq,
+        "ack_policy": "none",
+        "replay_policy": "instant",
+        "mem_storage": True,
+        "num_replicas": 1,
+        "inactive_threshold": 60 * _NS,
+    }
+    if len(filter_subjects) == 1:
+        config["filter_subject"] = filter_subjects[0]
+    elif filter_subjects:
+        config["filter_subjects"] = list(filter_subjects)
+    subject = f"{api_prefix}.CONSUMER.CREATE.{stream}.{name}"
+    body = json.dumps({"stream_name": stream, "config": config}).encode()
+    deadline = None if give_up_s is None else time.monotonic() + give_up_s
+    delay = 0.05
+    while True:
+        try:
+            reply = await nc.request(subject, body, timeout=api_timeout_s)
+            info: dict[str, object] = json.loads(reply.data)
+            if "error" in info:
+                raise ServerUnavailableError(f"JetStream refused the consumer: {info['error']}")
+            return name, info
+        except Exception as exc:  # noqa: BLE001 - server down or restarting: retry until give_up_s
+            if should_stop():
+                raise
+            if deadline is not None and time.monotonic() > deadline:
+                raise ServerUnavailableError(
+                    f"Could not create a consumer on stream {stream!r}: {exc}. Check that the server "
+                    "is running and the stream exists."
+                ) from exc
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
 
 
 class OrderedPull:
@@ -122,13 +177,6 @@ class OrderedPull:
                 self._reset = True
         self._wake.set()
 
-    async def _api_request(self, subject: str, body: dict[str, object]) -> dict[str, object]:
-        reply = await self._nc.request(f"{self._api}.{subject}", json.dumps(body).encode(), timeout=self._api_timeout_s)
-        answer: dict[str, object] = json.loads(reply.data)
-        if "error" in answer:
-            raise ServerUnavailableError(f"JetStream refused {subject}: {answer['error']}")
-        return answer
-
     def _delete_consumer(self) -> None:
         if self._consumer and not self._nc.is_closed:
             name, self._consumer = self._consumer, ""
@@ -146,39 +194,10 @@ class OrderedPull:
 
     async def _create_consumer(self) -> None:
         self._delete_consumer()
-        name = self._nc.new_inbox().rsplit(".", 1)[-1]
-        config: dict[str, object] = {
-            "name": name,
-            "deliver_policy": "by_start_sequence",
-            "opt_start_seq": self.next_seq,
-            "ack_policy": "none",
-            "replay_policy": "instant",
-            "mem_storage": True,
-            "num_replicas": 1,
-            "inactive_threshold": 60 * _NS,
-        }
-        if len(self._filters) == 1:
-            config["filter_subject"] = self._filters[0]
-        elif self._filters:
-            config["filter_subjects"] = self._filters
-        deadline = None if self._give_up_s is None else time.monotonic() + self._give_up_s
-        delay = 0.05
-        while True:
-            try:
-                info = await self._api_request(
-                    f"CONSUMER.CREATE.{self._stream}.{name}", {"stream_name": self._stream, "config": config}
-                )
-                break
-            except Exception as exc:  # noqa: BLE001 - server down or restarting: retry until give_up_s
-                if self._closed:
-                    raise
-                if deadline is not None and time.monotonic() > deadline:
-                    raise ServerUnavailableError(
-                        f"Could not create a consumer on stream {self._stream!r}: {exc}. Check that the server "
-                        "is running and the stream exists."
-                    ) from exc
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
+        name, info = await create_replay_consumer(
+            self._nc, self._stream, self.next_seq, self._filters, api_timeout_s=self._api_timeout_s,
+            give_up_s=self._give_up_s, should_stop=lambda: self._closed, api_prefix=self._api,
+        )
         self._consumer = name
         self._last_dseq = 0
         num_pending = info.get("num_pending")

@@ -74,7 +74,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
 
-from eventstore import EventDecodeError, EventStoreSettings
+from eventstore import EventDecodeError, EventStoreSettings, ServerUnavailableError, create_replay_consumer
 from eventstore.connection import Connection
 from eventstore.streams import validate_category
 from spark_projections.errors import SparkProjectionError
@@ -840,43 +840,13 @@ class _RangePull:
             asyncio.ensure_future(_quiet_publish(self._nc, f"$JS.API.CONSUMER.DELETE.{self._opts.stream}.{name}"))
         self._consumer = b""
         opts = self._opts
-        name = self._nc.new_inbox().rsplit(".", 1)[-1]
-        config: dict[str, object] = {
-            "name": name,
-            "deliver_policy": "by_start_sequence",
-            "opt_start_seq": self.next_seq,
-            "ack_policy": "none",
-            "replay_policy": "instant",
-            "mem_storage": True,
-            "num_replicas": 1,
-            "inactive_threshold": 60 * _NS,
-        }
-        filters = opts.filter_subjects
-        if len(filters) == 1:
-            config["filter_subject"] = filters[0]
-        else:
-            config["filter_subjects"] = filters
-        deadline = time.monotonic() + _GIVE_UP_S
-        delay = 0.05
-        while True:
-            try:
-                reply = await self._nc.request(
-                    f"$JS.API.CONSUMER.CREATE.{opts.stream}.{name}",
-                    json.dumps({"stream_name": opts.stream, "config": config}).encode(),
-                    timeout=opts.request_timeout_s,
-                )
-                info = json.loads(reply.data)
-                if "error" in info:
-                    raise EventSourceError(f"JetStream refused the consumer: {info['error']}")
-                break
-            except Exception as exc:  # noqa: BLE001 - server down or restarting: retry until the deadline
-                if time.monotonic() > deadline:
-                    raise EventSourceError(
-                        f"Could not create a consumer on stream {opts.stream!r} at {opts.url}: {exc}. "
-                        "Check that the server is running and the stream exists."
-                    ) from exc
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
+        try:
+            name, info = await create_replay_consumer(
+                self._nc, opts.stream, self.next_seq, opts.filter_subjects,
+                api_timeout_s=opts.request_timeout_s, give_up_s=_GIVE_UP_S,
+            )
+        except ServerUnavailableError as exc:
+            raise EventSourceError(f"{exc} (server {opts.url})") from exc
         self._consumer = name.encode()
         self._last_dseq = 0
         pending = info.get("num_pending")
