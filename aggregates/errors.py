@@ -63,49 +63,51 @@ class InvalidAggregateIdError(AggregateError, InvalidStreamIdError):
     """The id cannot name an aggregate's stream (empty, too long, control characters); nothing was written."""
 
 
-class MissingHandlerError(AggregateError, LookupError):
+class _EventFacts(AggregateError):
+    """Carries which aggregate, event type and (stored) position an error is about."""
+
+    def __init__(self, aggregate: str, aggregate_id: str, event_type: str, position: int | None, message: str) -> None:
+        self.aggregate = aggregate
+        self.aggregate_id = aggregate_id
+        self.event_type = event_type
+        self.position = position
+        super().__init__(message)
+
+
+class MissingHandlerError(_EventFacts, LookupError):
     """The aggregate has no ``@applies`` handler for an event's type; nothing was recorded or written.
 
     ``position`` is set when the event was read from the store, None when it was being recorded.
     """
 
     def __init__(self, aggregate: str, aggregate_id: str, event_type: str, position: int | None = None) -> None:
-        self.aggregate = aggregate
-        self.aggregate_id = aggregate_id
-        self.event_type = event_type
-        self.position = position
         where = f" stored at position {position}" if position is not None else ""
         super().__init__(
+            aggregate, aggregate_id, event_type, position,
             f"{aggregate} {aggregate_id!r} has no handler for event type {event_type!r}{where}. "
-            f"Add a method decorated with @applies({event_type}) to {aggregate}."
+            f"Add a method decorated with @applies({event_type}) to {aggregate}.",
         )
 
 
-class UnregisteredEventError(AggregateError, UnknownEventTypeError):
+class UnregisteredEventError(_EventFacts, UnknownEventTypeError):
     """A stored event's type (or schema version) has no registered model, so the aggregate cannot be loaded."""
 
     def __init__(self, aggregate: str, aggregate_id: str, event_type: str, position: int, reason: str) -> None:
-        self.aggregate = aggregate
-        self.aggregate_id = aggregate_id
-        self.event_type = event_type
-        self.position = position
         super().__init__(
+            aggregate, aggregate_id, event_type, position,
             f"Cannot load {aggregate} {aggregate_id!r}: the event at position {position} has type "
-            f"{event_type!r}, which this program cannot read: {reason}"
+            f"{event_type!r}, which this program cannot read: {reason}",
         )
 
 
-class InvalidStoredEventError(AggregateError, EventDecodeError):
+class InvalidStoredEventError(_EventFacts, EventDecodeError):
     """A stored event's payload failed its upcasters or validation, so the aggregate cannot be loaded."""
 
     def __init__(self, aggregate: str, aggregate_id: str, event_type: str, position: int, reason: str) -> None:
-        self.aggregate = aggregate
-        self.aggregate_id = aggregate_id
-        self.event_type = event_type
-        self.position = position
         super().__init__(
+            aggregate, aggregate_id, event_type, position,
             f"Cannot load {aggregate} {aggregate_id!r}: the {event_type!r} event at position {position} "
-            f"cannot be read: {reason}"
+            f"cannot be read: {reason}",
         )
 
 
