@@ -9,7 +9,15 @@ For N events (default 1,000,000; single-event commits on 10,000 accounts), in on
   same Delta write (:func:`spark_projections.delta.full_rebuild`): the Spark-side ceiling;
 * ``jetstream_read_eps_p1`` / ``_p2``: the data source alone, every column (``noop`` sink),
   and ``jetstream_read_eps_p2_rows`` the same with one Python tuple per event instead of
-  Arrow batches - the alternative the source does not take.
+  Arrow batches - the alternative the source does not take;
+* ``arrow_source_to_delta_eps``: the same rebuild from a Python data source that reads the
+  Parquet copy with pyarrow in its workers: what Spark's Python Data Source API costs by
+  itself, i.e. the ceiling for any Python reader;
+* ``cpu_us_per_event``: where the CPU of the best p2 and Parquet runs went, in microseconds
+  per event: the nats-server, the Spark JVM and the Python workers (the reader), from
+  ``/proc``. All of them share the machine's cores, so the p2 rate is bounded by
+  ``cores / (server + jvm + python)``; ``reader_budget_us`` is the Python CPU per event the
+  0.5 target leaves once the measured server and JVM costs are paid.
 
 Each figure is the best of ``--rounds`` runs after one warm-up run (the machine is shared).
 Own embedded nats-server and Spark session (``local[2]``); progress on stderr; the last
@@ -23,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import re
 import sys
 import tempfile
@@ -38,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pyspark.sql import DataFrame  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
-from pyspark.sql.datasource import DataSourceReader, InputPartition  # noqa: E402
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition  # noqa: E402
 from pyspark.sql.types import StructType  # noqa: E402
 
 from eventstore import EmbeddedServer, EventStore, EventStoreSettings, encode_commit  # noqa: E402
@@ -180,15 +189,116 @@ def read_rows(opts: Any, start: int, stop: int) -> Iterator[tuple[object, ...]]:
         loop.close()
 
 
-def best_of(rounds: int, label: str, run: Callable[[int], None], events: int) -> float:
-    rates = []
+class ArrowFileSource(DataSource):
+    """A Python data source serving the Parquet copy's event columns (pyarrow in the workers).
+
+    The same Spark side as the jetstream source (Python workers yielding Arrow batches of
+    5,000 rows), with reading reduced to a local Parquet scan: the ceiling of the API.
+    """
+
+    @classmethod
+    def name(cls) -> str:
+        return "arrowfile"
+
+    def schema(self) -> str:
+        return "position BIGINT, type STRING, entity_id STRING, payload STRING"
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return ArrowFileReader(str(self.options["path"]), int(self.options.get("partitions", 2)))
+
+
+class ArrowFileReader(DataSourceReader):
+    def __init__(self, path: str, parts: int) -> None:
+        self.path = path
+        self.parts = parts
+
+    def partitions(self) -> list[InputPartition]:
+        return [InputPartition(i) for i in range(self.parts)]
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(self.path, columns=["position", "type", "entity_id", "payload"])
+        low, high = (table.num_rows * k // self.parts for k in (partition.value, partition.value + 1))
+        schema = pa.schema([("position", pa.int64()), ("type", pa.string()), ("entity_id", pa.string()),
+                            ("payload", pa.string())])
+        for batch in table.slice(low, high - low).to_batches(max_chunksize=5000):
+            yield pa.RecordBatch.from_arrays(batch.columns, schema=schema)
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int, *, children: bool = False) -> float:
+    """User + system CPU of ``pid`` (plus its reaped children's), from ``/proc``; 0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    ticks = int(fields[11]) + int(fields[12]) + (int(fields[13]) + int(fields[14]) if children else 0)
+    return ticks / _TICK
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes below ``pid`` (Spark's Python workers and their daemon)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+    found: list[int] = []
+    frontier = [pid]
+    while frontier:
+        parent = frontier.pop()
+        children = [p for p, pp in parents.items() if pp == parent]
+        found += children
+        frontier += children
+    return found
+
+
+class CpuMeter:
+    """CPU used by the nats-server, the Spark JVM and Spark's Python workers during one run."""
+
+    def __init__(self, server_pid: int, jvm_pid: int) -> None:
+        self.server_pid = server_pid
+        self.jvm_pid = jvm_pid
+
+    def sample(self) -> dict[str, float]:
+        workers = descendants(self.jvm_pid)
+        return {
+            "nats_server": cpu_seconds(self.server_pid),
+            "spark_jvm": cpu_seconds(self.jvm_pid),
+            "python_workers": sum(cpu_seconds(p, children=True) for p in workers),
+        }
+
+
+class Run:
+    """The best of several timed runs, with the CPU breakdown of that run."""
+
+    def __init__(self, rate: float, cpu_us: dict[str, float]) -> None:
+        self.rate = rate
+        self.cpu_us = cpu_us
+
+
+def best_of(rounds: int, label: str, run: Callable[[int], None], events: int, meter: CpuMeter) -> Run:
+    best: Run | None = None
     for i in range(rounds):
+        before = meter.sample()
         started = time.perf_counter()
         run(i)
         elapsed = time.perf_counter() - started
-        rates.append(events / elapsed)
-        log(f"{label}: {elapsed:.2f}s = {events / elapsed:,.0f} events/s")
-    return max(rates)
+        after = meter.sample()
+        cpu_us = {k: round(1e6 * (after[k] - before[k]) / events, 2) for k in after}
+        log(f"{label}: {elapsed:.2f}s = {events / elapsed:,.0f} events/s; CPU us/event {cpu_us}")
+        if best is None or events / elapsed > best.rate:
+            best = Run(events / elapsed, cpu_us)
+    assert best is not None
+    return best
 
 
 def main() -> None:
@@ -237,17 +347,30 @@ def main() -> None:
 
             return run
 
+        spark.dataSource.register(ArrowFileSource)
+
+        def from_arrow_source(i: int) -> None:
+            events = spark.read.format("arrowfile").option("path", parquet).option("partitions", 2).load()
+            full_rebuild(balances(events), root / f"arrow-{i}", app_id="balances.v1", position=total)
+
         # Warm-up: JIT, Python workers, Delta classes.
         from_parquet(99)
         from_jetstream(2)(99)
-        result: dict[str, object] = {"bench": "spark", "events": total, "fill_eps": round(fill_eps)}
-        result["parquet_to_delta_eps"] = round(best_of(args.rounds, "parquet -> delta", from_parquet, total))
-        result["jetstream_to_delta_eps_p1"] = round(best_of(args.rounds, "jetstream p1 -> delta", from_jetstream(1),
-                                                            total))
-        result["jetstream_to_delta_eps_p2"] = round(best_of(args.rounds, "jetstream p2 -> delta", from_jetstream(2),
-                                                            total))
-        result["jetstream_read_eps_p1"] = round(best_of(args.rounds, "jetstream p1 read", read_only(1), total))
-        result["jetstream_read_eps_p2"] = round(best_of(args.rounds, "jetstream p2 read", read_only(2), total))
+        from_arrow_source(99)
+        jvm = spark.sparkContext._gateway.proc.pid  # type: ignore[union-attr] # spark-submit execs the JVM
+        assert server.pid is not None
+        meter = CpuMeter(server.pid, jvm)
+        runs: dict[str, Run] = {}
+
+        def measure(key: str, label: str, run: Callable[[int], None]) -> None:
+            runs[key] = best_of(args.rounds, label, run, total, meter)
+
+        measure("parquet_to_delta_eps", "parquet -> delta", from_parquet)
+        measure("jetstream_to_delta_eps_p1", "jetstream p1 -> delta", from_jetstream(1))
+        measure("jetstream_to_delta_eps_p2", "jetstream p2 -> delta", from_jetstream(2))
+        measure("arrow_source_to_delta_eps", "python arrow source -> delta", from_arrow_source)
+        measure("jetstream_read_eps_p1", "jetstream p1 read", read_only(1))
+        measure("jetstream_read_eps_p2", "jetstream p2 read", read_only(2))
         spark.dataSource.register(RowsDataSource)
 
         def read_rows_only(i: int) -> None:
@@ -255,14 +378,26 @@ def main() -> None:
              .option("subject_prefix", "bench").option("to_position", total).option("partitions", 2).load()
              .write.format("noop").mode("overwrite").save())
 
-        result["jetstream_read_eps_p2_rows"] = round(
-            best_of(args.rounds, "jetstream p2 read, row tuples", read_rows_only, total))
-        result["p2_vs_parquet"] = round(
-            int(result["jetstream_to_delta_eps_p2"]) / int(result["parquet_to_delta_eps"]), 3  # type: ignore[call-overload]
+        measure("jetstream_read_eps_p2_rows", "jetstream p2 read, row tuples", read_rows_only)
+        result: dict[str, object] = {"bench": "spark", "events": total, "fill_eps": round(fill_eps)}
+        result.update({key: round(run.rate) for key, run in runs.items()})
+        p2, ceiling = runs["jetstream_to_delta_eps_p2"], runs["parquet_to_delta_eps"]
+        result["p2_vs_parquet"] = round(p2.rate / ceiling.rate, 3)
+        result["arrow_source_vs_parquet"] = round(runs["arrow_source_to_delta_eps"].rate / ceiling.rate, 3)
+        result["cpu_us_per_event"] = {"jetstream_p2": p2.cpu_us, "parquet": ceiling.cpu_us,
+                                      "arrow_source": runs["arrow_source_to_delta_eps"].cpu_us}
+        # At half the Parquet rate, a 2-core machine has 2 * 2 / parquet_eps seconds of CPU per
+        # event; what the server and the JVM measurably take of it is not left for the reader.
+        cores = os.cpu_count() or 1
+        result["reader_budget_us"] = round(
+            cores * 2e6 / ceiling.rate - p2.cpu_us["nats_server"] - p2.cpu_us["spark_jvm"], 2
         )
-        expected = spark.read.format("delta").load(str(root / "parquet-0")).orderBy("account_id").collect()
-        actual = spark.read.format("delta").load(str(root / "js-p2-0" / "balances")).orderBy("account_id").collect()
-        assert expected == actual, "JetStream and Parquet rebuilds differ"
+        def table(path: Path) -> list[Any]:
+            return spark.read.format("delta").load(str(path)).orderBy("account_id").collect()
+
+        expected = table(root / "parquet-0")
+        assert table(root / "js-p2-0" / "balances") == expected, "JetStream and Parquet rebuilds differ"
+        assert table(root / "arrow-0") == expected, "the Arrow-source and Parquet rebuilds differ"
         spark.stop()
     print(json.dumps(result))
 
