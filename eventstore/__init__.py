@@ -24,7 +24,7 @@ from .events import ANY, NO_STREAM, AppendResult, ExpectedVersion, RecordedEvent
 from .registry import TypeRegistry, Upcaster
 from .server import EmbeddedServer, find_nats_server
 from .settings import EventStoreSettings
-from .store import EntityInfo, EventStore, StoreInfo
+from .store import EntityInfo, EventStore, Pending, StoreInfo
 from .streams import StreamId, decode_entity_id, encode_entity_id
 from .wire import Header, decode_commit, encode_commit
 
@@ -47,6 +47,7 @@ __all__ = [
     "MAX_ENTITIES_PER_APPEND",
     "NO_STREAM",
     "OrderedPull",
+    "Pending",
     "RecordedEvent",
     "ServerUnavailableError",
     "StoreInfo",

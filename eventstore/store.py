@@ -22,6 +22,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Coroutine, Generator, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from types import TracebackType
 from typing import Any
 
@@ -34,6 +35,7 @@ from pydantic import BaseModel
 
 from .append import Appender, EntityAppend
 from .connection import connect as connect_nats
+from .consumer import create_replay_consumer
 from .errors import ServerUnavailableError, StreamConfigError
 from .events import ANY, AppendResult, ExpectedVersion, RecordedEvent, StreamState
 from .inbox import Inbox
@@ -67,6 +69,21 @@ class StoreInfo:
     first_position: int
     commits: int
     bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """The commits after a position that a reader has not seen yet: how many, and the oldest of them."""
+
+    commits: int
+    first_position: int | None
+    first_recorded_at: datetime | None
+
+    def age_s(self, now: datetime | None = None) -> float:
+        """Seconds since the oldest pending commit was recorded (0 when nothing is pending)."""
+        if self.first_recorded_at is None:
+            return 0.0
+        return max(0.0, ((now or datetime.now(self.first_recorded_at.tzinfo)) - self.first_recorded_at).total_seconds())
 
 
 @dataclass(frozen=True, slots=True)
@@ -382,6 +399,34 @@ class EventStore:
         js = self.nc.jetstream(timeout=self.settings.request_timeout_s)
         state = (await js.stream_info(self.settings.stream)).state
         return StoreInfo(self.settings.stream, state.last_seq, state.first_seq, state.messages, state.bytes)
+
+    async def pending(self, after: int, categories: Sequence[str] | None = None) -> Pending:
+        """How many commits of ``categories`` (default: all) lie after position ``after``, and the oldest of them.
+
+        This is a reader's lag: the server counts the commits (an ephemeral
+        consumer's pending count, nothing is delivered) and one direct get per
+        category finds the oldest. Commits, not events: a commit of several
+        events counts once.
+        """
+        if after < 0:
+            raise ValueError(f"after must be a position (0 or more), not {after}.")
+        subjects = self.filter_subjects(categories)
+        stream = self.settings.stream
+        name, info = await create_replay_consumer(
+            self.nc, stream, after + 1, subjects, api_timeout_s=self.settings.request_timeout_s,
+            give_up_s=self.settings.request_timeout_s,
+        )
+        await self.nc.publish(f"$JS.API.CONSUMER.DELETE.{stream}.{name}", b"")
+        commits = info.get("num_pending")
+        if not isinstance(commits, int) or commits == 0:
+            return Pending(0, None, None)
+        firsts: list[tuple[int, str]] = []
+        for subject in subjects:
+            for msg in await self._appender.direct_get({"seq": after + 1, "next_by_subj": subject, "batch": 1}):
+                headers = msg.headers or {}
+                firsts.append((int(headers[Header.SEQUENCE]), headers.get(Header.RECORDED_AT, "")))
+        position, recorded = min(firsts)  # the consumer counted at least one, so a direct get finds it
+        return Pending(commits, position, datetime.fromisoformat(recorded) if recorded else None)
 
     async def catalogue(self, category: str, *, offset: int = 0, limit: int = 1000) -> list[EntityInfo]:
         """A page of a category's entities, sorted by id, each with its version (event count) and commit count.

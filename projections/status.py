@@ -16,13 +16,13 @@ recorded: the lag in seconds). ``state`` is one of:
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
 from typing import Any
 
-from eventstore import EventStore, Header
+from nats.errors import Error as NatsError
+
+from eventstore import EventStore, EventStoreError
 
 from .connection import connect_event_store
 from .settings import ProjectionSettings
@@ -30,8 +30,6 @@ from .sqlite import SqliteStore
 from .store import GenerationState, ReadModelStore, RunState, StoredStatus
 
 __all__ = ["ProjectionStatus", "RebuildStatus", "format_status", "read_status"]
-
-_NS = 1_000_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +127,7 @@ async def _status(s: StoredStatus, settings: ProjectionSettings, es: EventStore 
     if es is not None and last is not None and live is not None:
         try:
             lag_commits, lag_s = await _lag(es, live.definition.get("categories"), checkpoint, last)
-        except Exception:  # noqa: BLE001 - leave the lag unknown
+        except (EventStoreError, NatsError):  # the server did not answer: leave the lag unknown
             pass
     return ProjectionStatus(
         projection=s.projection,
@@ -153,51 +151,8 @@ async def _lag(es: EventStore, categories: list[str] | None, checkpoint: int, la
     """(commits after ``checkpoint`` matching ``categories``, age in seconds of the first of them)."""
     if checkpoint >= last:
         return 0, 0.0
-    nc = es.nc
-    stream = es.settings.stream
-    timeout = es.settings.request_timeout_s
-    subjects = es.filter_subjects(categories)
-    name = "status" + nc.new_inbox().rsplit(".", 1)[-1]
-    config: dict[str, Any] = {
-        "name": name,
-        "deliver_policy": "by_start_sequence",
-        "opt_start_seq": checkpoint + 1,
-        "ack_policy": "none",
-        "mem_storage": True,
-        "num_replicas": 1,
-        "inactive_threshold": 5 * _NS,
-    }
-    if len(subjects) == 1:
-        config["filter_subject"] = subjects[0]
-    else:
-        config["filter_subjects"] = subjects
-    reply = await nc.request(
-        f"$JS.API.CONSUMER.CREATE.{stream}.{name}", json.dumps({"stream_name": stream, "config": config}).encode(),
-        timeout=timeout,
-    )
-    info = json.loads(reply.data)
-    await nc.publish(f"$JS.API.CONSUMER.DELETE.{stream}.{name}", b"")
-    if "error" in info:
-        raise RuntimeError(str(info["error"]))
-    pending = int(info.get("num_pending", 0))
-    if pending == 0:
-        return 0, 0.0
-    oldest: tuple[int, str] | None = None
-    for subject in subjects:
-        msg = await nc.request(
-            f"$JS.API.DIRECT.GET.{stream}", json.dumps({"seq": checkpoint + 1, "next_by_subj": subject}).encode(),
-            timeout=timeout,
-        )
-        headers = msg.headers or {}
-        if Header.SEQUENCE not in headers:
-            continue
-        seq = int(headers[Header.SEQUENCE])
-        if oldest is None or seq < oldest[0]:
-            oldest = (seq, headers.get(Header.RECORDED_AT, ""))
-    lag_s = 0.0
-    if oldest is not None and oldest[1]:
-        lag_s = max(0.0, time.time() - datetime.fromisoformat(oldest[1]).timestamp())
-    return pending, lag_s
+    pending = await es.pending(checkpoint, categories)
+    return pending.commits, pending.age_s()
 
 
 def format_status(statuses: list[ProjectionStatus]) -> str:

@@ -9,6 +9,7 @@ from eventstore import (
     EmbeddedServer,
     EventDecodeError,
     EventStore,
+    Pending,
     StreamId,
     TypeRegistry,
     UnknownEventTypeError,
@@ -130,6 +131,26 @@ async def test_catalogue_and_info(store: EventStore) -> None:
     info = await store.info()
     assert (info.last_position, info.commits) == (4, 4)
     assert await store.event_count() == 5
+
+
+async def test_pending_counts_commits_after_a_position_and_finds_the_oldest(store: EventStore) -> None:
+    assert await store.pending(0) == Pending(0, None, None)
+    opened = await store.append(StreamId("Account", "a"), [Opened(owner="a"), Deposited(amount=1)], NO_STREAM)
+    await store.append(StreamId("Cart", "c"), [Note(text="c")], NO_STREAM)
+    await store.append(StreamId("Account", "b"), [Opened(owner="b")], NO_STREAM)
+    await store.append(StreamId("Cart", "c"), [Note(text="d")], 1)
+    everything = await store.pending(0)
+    assert (everything.commits, everything.first_position) == (4, opened.position)
+    (first,) = [e for e in await store.read(StreamId("Account", "a")) if e.version == 1]
+    assert everything.first_recorded_at == first.recorded_at
+    assert 0 <= everything.age_s() < 60
+    carts = await store.pending(opened.position, ["Cart"])
+    assert (carts.commits, carts.first_position) == (2, opened.position + 1)
+    assert (await store.pending(opened.position + 1, ["Account", "Cart"])).commits == 2
+    caught_up = await store.pending(await store.last_position())
+    assert caught_up == Pending(0, None, None) and caught_up.age_s() == 0.0
+    with pytest.raises(ValueError, match="position"):
+        await store.pending(-1)
 
 
 async def test_catalogue_pages_past_the_servers_multi_last_limit(store: EventStore) -> None:
