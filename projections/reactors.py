@@ -305,10 +305,11 @@ class ReactorWorker:
 
     Every running worker of a reactor also listens (as one queue group) for
     the server's max-deliveries advisory, and dead-letters an event whose last
-    delivery ended without a verdict because its worker died. That backstop
-    needs a worker running when the advisory is sent (``ack_wait_s`` after the
-    death); with a single worker, an event it dies on during its last delivery
-    is not dead-lettered (its position is in the server's advisory only).
+    delivery ended without a verdict because its worker died. The server sends
+    that advisory when it next serves a pull request of the reactor, after
+    ``ack_wait_s``: to a surviving worker, or, when the dead worker was the
+    only one, to the next worker that starts (it subscribes before it pulls),
+    however long after.
     """
 
     def __init__(

@@ -232,6 +232,43 @@ async def test_an_event_whose_worker_dies_on_its_last_delivery_is_dead_lettered_
     assert survivor.stats.dead_lettered == 1
 
 
+async def test_a_lone_worker_that_dies_on_the_last_delivery_leaves_it_to_the_next_worker_to_start(
+    store: EventStore,
+) -> None:
+    await append_numbered(store, range(1))
+    holding = asyncio.Event()
+
+    async def hang(event: RecordedEvent) -> None:
+        holding.set()
+        await asyncio.sleep(60)
+
+    async def fine(event: RecordedEvent) -> None:
+        raise AssertionError("max_deliver=1: the event must not be delivered again")
+
+    settings = dict(max_deliver=1, ack_wait_s=1.0)
+    async with connections(store.settings, 2) as (first, second):
+        doomed = asyncio.ensure_future(ReactorWorker(first, Reactor("lone", handler=hang, **settings)).run())  # type: ignore[arg-type]
+        await asyncio.wait_for(holding.wait(), 10)
+        doomed.cancel()  # the only worker goes away during the last delivery
+        with pytest.raises(asyncio.CancelledError):
+            await doomed
+        await asyncio.sleep(2.5)  # no worker at all for longer than ack_wait
+        assert await read_reactor_dead_letters(store, "lone") == []
+        # The server sends the max-deliveries advisory when it next has a pull request to
+        # serve, so the next worker to start receives it.
+        later = ReactorWorker(second, Reactor("lone", handler=fine, **settings))  # type: ignore[arg-type]
+        running = asyncio.ensure_future(later.run())
+        deadline = time.monotonic() + 10
+        while not (letters := await read_reactor_dead_letters(store, "lone")) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        later.stop()
+        stats = await asyncio.wait_for(running, 10)
+
+    (letter,) = letters
+    assert (letter.reason, letter.deliveries, stats.dead_lettered) == (DeadLetterReason.MAX_DELIVER, 1, 1)
+    assert "no verdict" in letter.error
+
+
 # -- crashes and long work -------------------------------------------------------------
 
 CHILD = """
