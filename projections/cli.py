@@ -5,6 +5,7 @@
     jetsourcing run myapp.views:AccountBalances myapp.views:Orders --db views.sqlite3
     jetsourcing run myapp.views:AccountBalances --until-caught-up     # burst mode: catch up, exit 0
     jetsourcing rebuild myapp.views:AccountBalances                    # replay into a shadow, switch
+    jetsourcing rebuild myapp.views:AccountBalances --resume           # go on after an interrupted one
     jetsourcing status [--json]
 
 Projections are named by import path ``module:Class`` (the current directory
@@ -87,6 +88,8 @@ def _parser() -> argparse.ArgumentParser:
     reb.add_argument("projection", metavar="module:Class")
     reb.add_argument("--batch-size", type=int, help="events per batch (JETSOURCING_REBUILD_BATCH_SIZE)")
     reb.add_argument("--error-policy", choices=[p.value for p in ErrorPolicy])
+    reb.add_argument("--resume", action="store_true",
+                     help="go on with the shadow an interrupted rebuild of this version kept (default: start over)")
 
     status = commands.add_parser("status", parents=[common], help="checkpoints, lag and state of every projection")
     status.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -110,14 +113,15 @@ def _settings(args: argparse.Namespace) -> ProjectionSettings:
     return ProjectionSettings(**values)
 
 
-async def _rebuild_until_signal(projection: Projection, settings: ProjectionSettings) -> RebuildResult:
-    """Rebuild; SIGINT/SIGTERM cancel it cleanly (the shadow is dropped, readers keep the old model)."""
+async def _rebuild_until_signal(projection: Projection, settings: ProjectionSettings, resume: bool) -> RebuildResult:
+    """Rebuild; SIGINT/SIGTERM cancel it cleanly (readers keep the old model; the shadow is kept for --resume)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
-    return await rebuild(projection, settings, progress=progress_for(f"rebuild {projection.name}"), stop=stop)
+    return await rebuild(projection, settings, progress=progress_for(f"rebuild {projection.name}"), stop=stop,
+                         resume=resume)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -131,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_daemon(projections, settings, until_caught_up=args.until_caught_up)
         if args.command == "rebuild":
             projection = load_projection(args.projection)
-            result = asyncio.run(_rebuild_until_signal(projection, settings))
+            result = asyncio.run(_rebuild_until_signal(projection, settings, args.resume))
             print(f"{result.projection}: generation {result.generation} is live at checkpoint {result.checkpoint} "
                   f"({result.events} events in {result.seconds:.1f}s, {result.events_per_s:,.0f} events/s, "
                   f"{result.dead_lettered} dead-lettered)")

@@ -177,8 +177,10 @@ class ProjectionRunner:
             log.info("%s: read model is version %d, code is version %d: rebuilding (readers keep the old model).",
                      self.name, gen.version, self.projection.version)
             try:
+                # Resume: a daemon stopped or killed during this rebuild goes on where it was.
                 await rebuild(self.projection, self.settings, event_store=self.es, store=store, kv=self.kv,
-                              owner=self.owner, progress=progress_for(f"rebuild {self.name}"), stop=self.stop_event)
+                              owner=self.owner, progress=progress_for(f"rebuild {self.name}"), stop=self.stop_event,
+                              resume=True)
             except RebuildError:
                 if self.stop_event.is_set():
                     raise _Stopped from None  # the half-built generation was dropped; readers keep the old model

@@ -2,7 +2,9 @@
 
 1. Take the projection's *rebuild* lease (one rebuild at a time per store).
 2. Create an empty shadow generation (new physical tables; leftovers of
-   failed rebuilds are dropped first).
+   earlier rebuilds are dropped first), or, with ``resume=True``, take over
+   the generation an interrupted rebuild of the same version and definition
+   left behind and go on from its checkpoint.
 3. Replay every event from position 1 to the stream's last position into it
    (``read_all``: an ephemeral ordered pull consumer starting at sequence 1),
    in large batches, each committed with the shadow's checkpoint.
@@ -14,8 +16,12 @@
 
 Meanwhile readers keep querying the old generation, which the daemon keeps
 updating. A rebuild that fails, is cancelled or is killed leaves the old
-model live and untouched (the half-built shadow is dropped, or dropped by
-the next rebuild). After the switch the daemon notices that its checkpoint
+model live and untouched. What happens to its half-built shadow depends on
+why it ended: a projection error drops it; an interruption (``stop``, a
+signal, cancellation, a lost lease or server, a killed process) keeps it,
+checkpoint and all, for a ``resume=True`` rebuild (``jetsourcing rebuild
+--resume``; the daemon's automatic rebuilds always resume). A rebuild without
+``resume`` drops it and starts from the first event. After the switch the daemon notices that its checkpoint
 moved (its next commit is refused), reloads, and follows from the new
 generation's checkpoint.
 """
@@ -32,7 +38,7 @@ from dataclasses import dataclass
 
 from nats.js.kv import KeyValue
 
-from eventstore import EventStore
+from eventstore import EventStore, EventStoreError
 
 from .applier import Applier, Counters
 from .connection import connect_event_store, lease_key
@@ -43,7 +49,7 @@ from .projection import Projection
 from .settings import ProjectionSettings
 from .source import EventSource
 from .sqlite import SqliteStore
-from .store import ReadModelStore
+from .store import ReadModelStore, Writer
 
 __all__ = ["RebuildResult", "rebuild"]
 
@@ -78,13 +84,16 @@ async def rebuild(
     owner: str | None = None,
     progress: ProgressReporter | None = None,
     stop: asyncio.Event | None = None,
+    resume: bool = False,
 ) -> RebuildResult:
     """Rebuild ``projection``'s read model by replaying the whole stream into a shadow, then switch readers.
 
     Raises :class:`RebuildError` if another rebuild of it is running, if
     this one fails, or if ``stop`` is set before the switch (the old model
-    stays live in every case). Connections not given are opened from
-    ``settings`` and closed again.
+    stays live in every case). ``resume=True`` goes on with the shadow an
+    interrupted rebuild of the same version and definition kept (see the
+    module docs), or starts afresh if there is none. Connections not given
+    are opened from ``settings`` and closed again.
     """
     settings = settings or ProjectionSettings()
     own_es = event_store is None
@@ -111,7 +120,7 @@ async def rebuild(
         try:
             with _fewer_gc_pauses():
                 return await _rebuild(projection, settings, es, rm, lease, me, progress or NoProgress(),
-                                      stop or asyncio.Event())
+                                      stop or asyncio.Event(), resume)
         finally:
             await lease.release()
     finally:
@@ -119,6 +128,21 @@ async def rebuild(
             rm.close()
         if own_es:
             await es.close()
+
+
+def _abandon(rm: ReadModelStore, writer: Writer, owner: str, *, keep: bool) -> None:
+    """Release an unfinished shadow for a later resume (``keep``), or drop it."""
+    shadow = writer.generation
+    try:
+        if keep:
+            rm.release_shadow(shadow, owner)
+            log.info("%s: kept generation %d at position %d for a resumed rebuild.", shadow.projection,
+                     shadow.generation, writer.checkpoint)
+        else:
+            rm.discard(shadow.projection, shadow.generation)
+    except Exception:  # noqa: BLE001 - the next rebuild drops or takes it over anyway
+        log.warning("%s: could not %s the abandoned generation %d.", shadow.projection, "release" if keep else "drop",
+                    shadow.generation)
 
 
 @contextlib.contextmanager
@@ -146,19 +170,26 @@ async def _rebuild(
     owner: str,
     progress: ProgressReporter,
     stop: asyncio.Event,
+    resume: bool,
 ) -> RebuildResult:
     stream = settings.eventstore.stream
     rm.ensure_live(projection, stream)
     started = time.monotonic()
     target = await es.last_position()
-    shadow = rm.create_shadow(projection, stream, owner, target)
-    log.info("%s: rebuilding into generation %d (positions 1..%d).", projection.name, shadow.generation, target)
+    shadow = rm.resume_shadow(projection, stream, owner, target) if resume else None
+    if shadow is not None:
+        log.info("%s: resuming generation %d from checkpoint %d (positions up to %d).", projection.name,
+                 shadow.generation, shadow.checkpoint, target)
+    else:
+        shadow = rm.create_shadow(projection, stream, owner, target)
+        log.info("%s: rebuilding into generation %d (positions 1..%d).", projection.name, shadow.generation, target)
     writer = rm.writer(shadow, owner)
     counters = Counters()
     applier = Applier(projection, writer, settings.error_policy or projection.error_policy, counters)
     source = EventSource(es, projection.categories, projection.handled_types)
     batch = settings.rebuild_batch_size
     progress.start(target)
+    progress.update(writer.checkpoint)
     switched = False
     try:
         upto = target
@@ -186,20 +217,24 @@ async def _rebuild(
             progress.update(writer.checkpoint, upto)
             await asyncio.sleep(0)
     except BaseException as exc:
+        # A projection error would recur on resume: drop the shadow. An interruption keeps it to resume.
+        interrupted = (stop.is_set() or lease.lost.is_set() or isinstance(exc, EventStoreError)
+                       or not isinstance(exc, Exception))
         if not switched:
-            try:
-                rm.discard(projection.name, shadow.generation)
-            except Exception:  # noqa: BLE001 - the next rebuild drops it anyway
-                log.warning("%s: could not drop the abandoned generation %d.", projection.name, shadow.generation)
-        if isinstance(exc, ProjectionError) and not isinstance(exc, RebuildError):
-            raise RebuildError(
-                f"Rebuild of {projection.name!r} failed; readers still see the old model: {exc}"
-            ) from exc
-        if isinstance(exc, Exception) and not isinstance(exc, RebuildError):
-            raise RebuildError(
-                f"Rebuild of {projection.name!r} failed ({type(exc).__name__}: {exc}); readers still see the old model."
-            ) from exc
-        raise
+            _abandon(rm, writer, owner, keep=interrupted)
+        if not isinstance(exc, Exception):
+            raise
+        kept = (f" Its progress (generation {shadow.generation}, position {writer.checkpoint} of {target}) is kept: "
+                "rebuild with resume=True (jetsourcing rebuild --resume) to go on from there." if interrupted else "")
+        if isinstance(exc, RebuildError):
+            if kept:
+                raise RebuildError(f"{exc}{kept}") from exc.__cause__
+            raise
+        if isinstance(exc, ProjectionError):
+            raise RebuildError(f"Rebuild of {projection.name!r} failed; readers still see the old model: {exc}") from exc
+        raise RebuildError(
+            f"Rebuild of {projection.name!r} failed ({type(exc).__name__}: {exc}); readers still see the old model.{kept}"
+        ) from exc
     finally:
         progress.finish()
         writer.close()

@@ -358,6 +358,33 @@ class SqliteStore(ReadModelStore):
         assert shadow is not None
         return shadow
 
+    def resume_shadow(self, projection: Projection, stream: str, owner: str, target: int) -> Generation | None:
+        with self._write():
+            row = self.conn.execute(
+                f"SELECT {_GEN_COLUMNS} FROM _jetsourcing_generations WHERE projection = ? AND state = 'building' "
+                "ORDER BY generation DESC LIMIT 1",
+                (projection.name,),
+            ).fetchone()
+            found = _generation(row) if row else None
+            # The stored definition went through JSON: compare it in that form.
+            wanted = (projection.version, json.loads(json.dumps(projection.describe())), stream)
+            if found is None or (found.version, found.definition, found.stream) != wanted:
+                return None
+            self.conn.execute(
+                "UPDATE _jetsourcing_generations SET owner = ?, target = ?, heartbeat_at = ? "
+                "WHERE projection = ? AND generation = ?",
+                (owner, target, time.time(), projection.name, found.generation),
+            )
+            return self._gen(projection.name, found.generation)
+
+    def release_shadow(self, shadow: Generation, owner: str) -> None:
+        with self._write():
+            self.conn.execute(
+                "UPDATE _jetsourcing_generations SET owner = NULL, heartbeat_at = NULL "
+                "WHERE projection = ? AND generation = ? AND owner = ? AND state = 'building'",
+                (shadow.projection, shadow.generation, owner),
+            )
+
     def switch(self, shadow: Generation) -> bool:
         name = shadow.projection
         with self._write():

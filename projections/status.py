@@ -41,7 +41,7 @@ class RebuildStatus:
     checkpoint: int
     target: int | None
     active: bool
-    """False when its heartbeat is stale: the rebuild died (the next rebuild drops it)."""
+    """False when nobody is building it: the rebuild was interrupted or died (``--resume`` goes on with it)."""
     heartbeat_age_s: float | None
 
 
@@ -179,7 +179,7 @@ def format_status(statuses: list[ProjectionStatus]) -> str:
         if s.rebuild is not None:
             r = s.rebuild
             target = f"/{r.target}" if r.target else ""
-            what = "rebuilding" if r.active else "interrupted rebuild (dropped by the next rebuild)"
+            what = "rebuilding" if r.active else "interrupted rebuild (`jetsourcing rebuild --resume` goes on with it)"
             lines.append(f"{s.projection}: {what}: generation {r.generation} (version {r.version}) at "
                          f"{r.checkpoint}{target}")
         if s.state == "stale":

@@ -169,6 +169,19 @@ class ReadModelStore(ABC):
         """A new, empty generation in state building, owned by ``owner``; leftovers of failed rebuilds are dropped."""
 
     @abstractmethod
+    def resume_shadow(self, projection: "Projection", stream: str, owner: str, target: int) -> Generation | None:
+        """Hand an interrupted rebuild's generation to ``owner``, to go on from its checkpoint; None if there is none.
+
+        Only a generation in state building, of the same projection version,
+        definition and stream, qualifies; the caller holds the rebuild lease,
+        so its former builder is gone.
+        """
+
+    @abstractmethod
+    def release_shadow(self, shadow: Generation, owner: str) -> None:
+        """Leave ``owner``'s interrupted generation in state building, ownerless, for :meth:`resume_shadow`."""
+
+    @abstractmethod
     def switch(self, shadow: Generation) -> bool:
         """Atomically make ``shadow`` the live generation if its checkpoint has reached the live one's.
 

@@ -236,6 +236,40 @@ def test_sqlite_checkpoint_is_a_compare_and_set(tmp_path: Path) -> None:
     b.store.close()
 
 
+def _balance(account: str) -> dict[str, Any]:
+    return {"account_id": account, "owner": "x", "balance": 5, "deposits": 1, "withdrawals": 0, "last_position": 1,
+            "overdrawn": False}
+
+
+def test_a_resumed_shadow_belongs_to_its_new_builder_alone(tmp_path: Path) -> None:
+    projection = AccountBalances()
+    with SqliteStore(tmp_path / "resume.sqlite3") as store:
+        store.ensure_live(projection, "S")
+        shadow = store.create_shadow(projection, "S", "first", 10)
+        first = store.writer(shadow, "first")
+        tx = first.transaction()
+        tx.upsert("balances", "a", _balance("a"))
+        tx.commit(4)
+        store.release_shadow(first.generation, "first")
+        assert store.resume_shadow(projection, "OTHER-STREAM", "second", 20) is None
+
+        resumed = store.resume_shadow(projection, "S", "second", 20)
+        assert resumed is not None
+        assert (resumed.generation, resumed.checkpoint, resumed.owner, resumed.target) == (shadow.generation, 4,
+                                                                                          "second", 20)
+        late = first.transaction()  # the interrupted builder, still holding a writer: refused
+        late.upsert("balances", "b", _balance("b"))
+        with pytest.raises(CheckpointConflictError):
+            late.commit(6)
+        second = store.writer(resumed, "second")
+        assert second.checkpoint == 4 and second.transaction().get("balances", "a") is not None
+
+        class Bumped(AccountBalances):
+            version = 2
+
+        assert store.resume_shadow(Bumped(), "S", "third", 20) is None
+
+
 def test_sqlite_raw_sql_escape_hatch_runs_in_the_batch_transaction(tmp_path: Path) -> None:
     b = SqliteBackend(tmp_path / "raw.sqlite3")
     tx = b.begin()

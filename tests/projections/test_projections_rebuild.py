@@ -184,12 +184,13 @@ async def test_two_rebuilds_at_once_are_refused(es: EventStore, psettings: Proje
         proc.wait()
 
 
-async def test_sigterm_cancels_a_rebuild_and_stopping_a_daemon_cancels_its_auto_rebuild(
+async def test_sigterm_keeps_a_rebuilds_progress_and_resumed_rebuilds_go_on_from_it(
     es: EventStore, psettings: ProjectionSettings
 ) -> None:
     await append_workload(es, workload(1500, accounts=100))
     await burst([AccountBalances()], psettings, es)
     before = dump(psettings, "account_balances")
+    total = await es.last_position()
 
     def building() -> int:
         with SqliteStore(psettings.database) as store:
@@ -202,18 +203,78 @@ async def test_sigterm_cancels_a_rebuild_and_stopping_a_daemon_cancels_its_auto_
     proc.send_signal(signal.SIGTERM)
     _, stderr = await asyncio.to_thread(proc.communicate, timeout=30)
     assert proc.returncode == 1 and b"cancelled; readers still see the old model" in stderr
-    assert building() == 0 and not any(t.endswith("__g2") for t in tables_in(psettings.database))
-    assert dump(psettings, "account_balances") == before
+    assert b"jetsourcing rebuild --resume" in stderr
+    kept = building()
+    assert 0 < kept < total and dump(psettings, "account_balances") == before
+    [status] = await read_status(psettings, event_store=es)
+    assert status.rebuild is not None and (status.rebuild.generation, status.rebuild.active) == (2, False)
+    assert status.state == "stopped"
 
+    # The daemon's automatic rebuild (version 2 on start) resumes it; stopping the daemon keeps it again.
     small_batches = psettings.model_copy(update={"rebuild_batch_size": 50})
-    daemon = Daemon([SlowBalances()], small_batches, event_store=es)  # version 2: rebuilds on start
+    daemon = Daemon([SlowBalances()], small_batches, event_store=es)
     running = asyncio.create_task(daemon.run())
-    await wait_until(lambda: building() > 0, 20, "the automatic rebuild to make progress")
+    await wait_until(lambda: building() > kept + 100, 20, "the automatic rebuild to go on")
     daemon.stop()
     assert await running == {"account_balances": Outcome.STOPPED}
     [status] = await read_status(psettings, event_store=es)
-    assert (status.version, status.generation, status.rebuild, status.state) == (1, 1, None, "stopped")
+    assert (status.version, status.generation, status.state) == (1, 1, "stopped")
+    assert status.rebuild is not None and status.rebuild.generation == 2 and not status.rebuild.active
     assert dump(psettings, "account_balances") == before
-    assert {t for t in tables_in(psettings.database) if "__g" in t} == {"balances__g1", "closures__g1"}
-    result = await rebuild(AccountBalancesV2(), psettings, event_store=es)
-    assert result.generation == 4  # numbers are never reused, even those of abandoned rebuilds
+    resumed_from = building()
+    assert kept < resumed_from < total
+
+    left = 0
+    async for events in es.read_all(from_position=resumed_from + 1, categories=AccountBalancesV2.categories):
+        left += len(events)
+    result = await rebuild(AccountBalancesV2(), psettings, event_store=es, resume=True)
+    assert (result.generation, result.checkpoint, result.events) == (2, total, left)
+    assert dump(psettings, "account_balances") == await memory_fold(AccountBalancesV2(), es)
+    assert {t for t in tables_in(psettings.database) if "__g" in t} == {"balances__g2", "closures__g2"}
+
+
+async def test_a_rebuild_without_resume_starts_over_and_a_changed_definition_is_not_resumed(
+    es: EventStore, psettings: ProjectionSettings
+) -> None:
+    await append_workload(es, workload(1500, accounts=100))
+    await burst([AccountBalances()], psettings, es)
+    stop = asyncio.Event()
+    slow = asyncio.create_task(rebuild(SlowBalances(), psettings.model_copy(update={"rebuild_batch_size": 50}),
+                                       event_store=es, stop=stop))
+
+    def building() -> int:
+        with SqliteStore(psettings.database) as store:
+            [s] = store.statuses()
+            return s.building.checkpoint if s.building else 0
+
+    await wait_until(lambda: building() > 0, 20, "the rebuild to make progress")
+    stop.set()
+    with pytest.raises(RebuildError, match="resume=True"):
+        await slow
+
+    class V3(AccountBalancesV2):
+        version = 3
+
+    # Another version cannot take the kept shadow over: it starts from the first event in a new generation.
+    result = await rebuild(V3(), psettings, event_store=es, resume=True)
+    assert result.generation == 3 and result.checkpoint == await es.last_position()
+    assert dump(psettings, "account_balances") == await memory_fold(V3(), es)
+    assert {t for t in tables_in(psettings.database) if "__g" in t} == {"balances__g3", "closures__g3"}
+
+    # Without resume, a rebuild starts over even when a kept shadow would fit.
+    class SlowV4(SlowBalances):
+        version = 4
+
+    class V4(AccountBalancesV2):
+        version = 4
+
+    stop = asyncio.Event()
+    slow = asyncio.create_task(rebuild(SlowV4(), psettings.model_copy(update={"rebuild_batch_size": 50}),
+                                       event_store=es, stop=stop))
+    await wait_until(lambda: building() > 0, 20, "the second rebuild to make progress")
+    stop.set()
+    with pytest.raises(RebuildError, match="resume=True"):
+        await slow
+    result = await rebuild(V4(), psettings, event_store=es)
+    assert result.generation == 5  # numbers are never reused, even those of abandoned rebuilds
+    assert result.events == sum([len(e) async for e in es.read_all(categories=AccountBalancesV2.categories)])
