@@ -38,6 +38,13 @@ def count_rows(path: Path) -> int:
         return int(conn.execute("SELECT count(*) FROM balances").fetchone()[0])
 
 
+def building(psettings: ProjectionSettings) -> int:
+    """The checkpoint of the generation a rebuild is filling (0 when there is none)."""
+    with SqliteStore(psettings.database) as store:
+        [s] = store.statuses()
+        return s.building.checkpoint if s.building else 0
+
+
 async def test_rebuild_while_writers_append_switches_to_a_caught_up_model(
     es: EventStore, psettings: ProjectionSettings, tmp_path: Path
 ) -> None:
@@ -107,18 +114,13 @@ async def test_killed_rebuild_leaves_the_old_model_and_the_next_rebuild_succeeds
     proc = spawn(psettings, "rebuild", "projection_examples:SlowBalances", "--batch-size", "50",
                  stderr=subprocess.DEVNULL)
 
-    def building() -> int:
-        with SqliteStore(psettings.database) as store:
-            [s] = store.statuses()
-            return s.building.checkpoint if s.building else 0
-
-    await wait_until(lambda: building() > 0, 20, "the rebuild to make progress")
+    await wait_until(lambda: building(psettings) > 0, 20, "the rebuild to make progress")
     [status] = await read_status(psettings, event_store=es)
     assert status.state == "rebuilding" and status.rebuild is not None and status.rebuild.active
     proc.kill()
     proc.wait()
     assert dump(psettings, "account_balances") == before
-    await wait_until(lambda: building() > 0, 1, "the abandoned generation to still be there")
+    await wait_until(lambda: building(psettings) > 0, 1, "the abandoned generation to still be there")
     await asyncio.sleep(psettings.stale_after_s)
     [status] = await read_status(psettings, event_store=es)
     assert status.rebuild is not None and not status.rebuild.active and status.state == "stopped"
@@ -192,19 +194,14 @@ async def test_sigterm_keeps_a_rebuilds_progress_and_resumed_rebuilds_go_on_from
     before = dump(psettings, "account_balances")
     total = await es.last_position()
 
-    def building() -> int:
-        with SqliteStore(psettings.database) as store:
-            [s] = store.statuses()
-            return s.building.checkpoint if s.building else 0
-
     proc = spawn(psettings, "rebuild", "projection_examples:SlowBalances", "--batch-size", "50",
                  stderr=subprocess.PIPE)
-    await wait_until(lambda: building() > 0, 20, "the rebuild to make progress")
+    await wait_until(lambda: building(psettings) > 0, 20, "the rebuild to make progress")
     proc.send_signal(signal.SIGTERM)
     _, stderr = await asyncio.to_thread(proc.communicate, timeout=30)
     assert proc.returncode == 1 and b"cancelled; readers still see the old model" in stderr
     assert b"jetsourcing rebuild --resume" in stderr
-    kept = building()
+    kept = building(psettings)
     assert 0 < kept < total and dump(psettings, "account_balances") == before
     [status] = await read_status(psettings, event_store=es)
     assert status.rebuild is not None and (status.rebuild.generation, status.rebuild.active) == (2, False)
@@ -214,14 +211,14 @@ async def test_sigterm_keeps_a_rebuilds_progress_and_resumed_rebuilds_go_on_from
     small_batches = psettings.model_copy(update={"rebuild_batch_size": 50})
     daemon = Daemon([SlowBalances()], small_batches, event_store=es)
     running = asyncio.create_task(daemon.run())
-    await wait_until(lambda: building() > kept + 100, 20, "the automatic rebuild to go on")
+    await wait_until(lambda: building(psettings) > kept + 100, 20, "the automatic rebuild to go on")
     daemon.stop()
     assert await running == {"account_balances": Outcome.STOPPED}
     [status] = await read_status(psettings, event_store=es)
     assert (status.version, status.generation, status.state) == (1, 1, "stopped")
     assert status.rebuild is not None and status.rebuild.generation == 2 and not status.rebuild.active
     assert dump(psettings, "account_balances") == before
-    resumed_from = building()
+    resumed_from = building(psettings)
     assert kept < resumed_from < total
 
     left = 0
@@ -242,12 +239,7 @@ async def test_a_rebuild_without_resume_starts_over_and_a_changed_definition_is_
     slow = asyncio.create_task(rebuild(SlowBalances(), psettings.model_copy(update={"rebuild_batch_size": 50}),
                                        event_store=es, stop=stop))
 
-    def building() -> int:
-        with SqliteStore(psettings.database) as store:
-            [s] = store.statuses()
-            return s.building.checkpoint if s.building else 0
-
-    await wait_until(lambda: building() > 0, 20, "the rebuild to make progress")
+    await wait_until(lambda: building(psettings) > 0, 20, "the rebuild to make progress")
     stop.set()
     with pytest.raises(RebuildError, match="resume=True"):
         await slow
@@ -271,7 +263,7 @@ async def test_a_rebuild_without_resume_starts_over_and_a_changed_definition_is_
     stop = asyncio.Event()
     slow = asyncio.create_task(rebuild(SlowV4(), psettings.model_copy(update={"rebuild_batch_size": 50}),
                                        event_store=es, stop=stop))
-    await wait_until(lambda: building() > 0, 20, "the second rebuild to make progress")
+    await wait_until(lambda: building(psettings) > 0, 20, "the second rebuild to make progress")
     stop.set()
     with pytest.raises(RebuildError, match="resume=True"):
         await slow
