@@ -7,7 +7,8 @@ header block with byte-level operations and returns the same dictionary.
 
 It also gives up at once on a first connection that retrying cannot fix (the
 server rejected the credentials, or TLS failed), where nats-py would retry until
-its attempts run out and then report "no servers available".
+its attempts run out and then report "no servers available"; and it refuses a
+server without TLS when TLS was asked for.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import ssl
 from typing import Any
 
 from nats.aio.client import Client
+from nats.errors import SecureConnWantedError
 
 from .errors import AuthenticationError
 from .security import redact_url
@@ -53,6 +55,11 @@ def _hopeless(exc: Exception) -> str | None:
             "the server rejected the credentials (Authorization Violation). Check the user and password, token, "
             "nkey_seed_file or credentials_file settings (JETSOURCING_*), or the credentials in the URL"
         )
+    if isinstance(exc, SecureConnWantedError):
+        return (
+            "the server does not require TLS, but a tls:// URL or the tls_* settings ask for it, so nothing was "
+            "sent to it. Enable TLS on the server, or check the URL"
+        )
     if isinstance(exc, ssl.SSLCertVerificationError):
         return (
             f"the server's TLS certificate could not be verified ({exc.verify_message}). Set tls_ca_file "
@@ -72,6 +79,20 @@ class Connection(Client):
     @staticmethod
     def _parse_header_lines(raw: bytes) -> dict[str, str]:
         return parse_header_lines(raw)
+
+    async def _process_info(self, info: dict[str, Any], initial_connection: bool = False) -> None:
+        # nats-py upgrades to TLS only when the server requires it: a server that does not would get
+        # the CONNECT, credentials included, in plain text although TLS was asked for.
+        server = self._current_server
+        if (
+            initial_connection
+            and server is not None
+            and server.uri.scheme in ("nats", "tls")  # a wss:// server's TLS is the websocket's
+            and (server.uri.scheme == "tls" or "tls" in self.options)
+            and not info.get("tls_required")
+        ):
+            raise SecureConnWantedError()
+        await super()._process_info(info, initial_connection)
 
     async def open(self, servers: list[str], **options: Any) -> None:
         """Connect as nats-py's ``connect()`` does, but raise :class:`AuthenticationError` at once when retrying cannot help.

@@ -109,12 +109,16 @@ def _pairing_problems(security: ConnectionSecurity) -> list[str]:
     return problems
 
 
-def _file_problems(security: ConnectionSecurity) -> list[str]:
-    missing = [
+def _missing_files(security: ConnectionSecurity) -> list[str]:
+    return [
         f"{name} is {path}, but there is no file there (JETSOURCING_{name.upper()}): fix the path, or unset it."
         for name in _FILES
         if (path := getattr(security, name)) is not None and not path.is_file()
     ]
+
+
+def _file_problems(security: ConnectionSecurity) -> list[str]:
+    missing = _missing_files(security)
     if missing:
         return missing
     # The files exist: check they hold what nats-py and ssl expect, so a wrong file fails here,
@@ -180,7 +184,13 @@ def connect_options(security: ConnectionSecurity) -> dict[str, Any]:
 
     Only what is set is returned, so credentials in the URL keep working when
     no credential setting is given. The TLS context is built anew on every call.
+    Raises :class:`ValueError`, naming the setting, when a file is missing here:
+    the settings were checked where they were made, which for a Spark executor
+    is another machine.
     """
+    missing = _missing_files(security)
+    if missing:
+        raise ValueError(" ".join(missing))
     options: dict[str, Any] = {}
     if security.user is not None and security.password is not None:
         options["user"] = security.user

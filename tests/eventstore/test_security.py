@@ -194,6 +194,26 @@ async def test_an_untrusted_server_certificate_is_a_clear_error(tls_server: Embe
     assert time.monotonic() - started < 3
 
 
+async def test_a_server_without_tls_is_refused_when_tls_was_asked_for(tmp_path: Path, pki: Pki) -> None:
+    """nats-py alone would send the CONNECT (credentials included) in plain text."""
+    with EmbeddedServer(tmp_path) as plain:
+        with pytest.raises(AuthenticationError, match="does not require TLS, but a tls:// URL or the tls_\\* settings"):
+            await EventStore.connect(secured(url(plain, scheme="tls"), token=TOKEN))
+        with pytest.raises(AuthenticationError, match="does not require TLS"):
+            await EventStore.connect(secured(url(plain), user="alice", password=PASSWORD, tls_ca_file=pki.ca))
+        await round_trip(secured(url(plain)))  # no TLS asked for: the same server is fine
+
+
+def test_connect_options_check_the_files_again(tmp_path: Path, pki: Pki) -> None:
+    """On a Spark executor the settings arrive already made: a file missing there is named too."""
+    ca = tmp_path / "ca.pem"
+    ca.write_bytes(pki.ca.read_bytes())
+    security = ConnectionSecurity(tls_ca_file=ca)
+    ca.unlink()
+    with pytest.raises(ValueError, match=f"tls_ca_file is {ca}, but there is no file there"):
+        connect_options(security)
+
+
 async def test_mutual_tls_without_a_client_certificate_is_a_clear_error(mtls_server: EmbeddedServer, pki: Pki) -> None:
     with pytest.raises(AuthenticationError, match="TLS handshake failed.*set tls_cert_file and tls_key_file"):
         await EventStore.connect(secured(url(mtls_server), token=TOKEN, tls_ca_file=pki.ca))
