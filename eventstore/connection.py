@@ -97,8 +97,9 @@ class Connection(Client):
     async def open(self, servers: list[str], **options: Any) -> None:
         """Connect as nats-py's ``connect()`` does, but raise :class:`AuthenticationError` at once when retrying cannot help.
 
-        That is when the server rejects the credentials or the TLS handshake
-        fails; other failures are retried as ``options`` say. ``error_cb``
+        That is when the server rejects the credentials, the TLS handshake
+        fails, or TLS was asked for (a ``tls://`` URL, a ``tls`` context) and the
+        server does not require it; other failures are retried as ``options`` say. ``error_cb``
         still sees every error of the first attempts.
         """
         hopeless: list[str] = []
@@ -124,7 +125,8 @@ class Connection(Client):
             # the stream nats-py waits on, so its close() would wait forever.
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.close(), _CLOSE_AFTER_FAILURE_S)
-            raise AuthenticationError(f"Could not connect to NATS at {redact_url(','.join(servers))}: {hopeless[0]}.") from exc
+            where = redact_url(",".join(servers))
+            raise AuthenticationError(f"Could not connect to NATS at {where}: {hopeless[0]}.") from exc
         finally:
             opening = False
 

@@ -96,7 +96,9 @@ def _pairing_problems(security: ConnectionSecurity) -> list[str]:
     problems = []
     if (security.user is None) != (security.password is None):
         have, missing = ("user", "password") if security.password is None else ("password", "user")
-        problems.append(f"{have} is set but {missing} is not: set both (JETSOURCING_USER and JETSOURCING_PASSWORD), or neither.")
+        problems.append(
+            f"{have} is set but {missing} is not: set both (JETSOURCING_USER and JETSOURCING_PASSWORD), or neither."
+        )
     methods = security.authentication()
     if len(methods) > 1:
         problems.append(
@@ -104,8 +106,12 @@ def _pairing_problems(security: ConnectionSecurity) -> list[str]:
             "Keep the one the server expects."
         )
     if (security.tls_cert_file is None) != (security.tls_key_file is None):
-        have, missing = ("tls_cert_file", "tls_key_file") if security.tls_key_file is None else ("tls_key_file", "tls_cert_file")
-        problems.append(f"{have} is set but {missing} is not: a client certificate needs its private key. Set both, or neither.")
+        have, missing = ("tls_cert_file", "tls_key_file")
+        if security.tls_cert_file is None:
+            have, missing = missing, have
+        problems.append(
+            f"{have} is set but {missing} is not: a client certificate needs its private key. Set both, or neither."
+        )
     return problems
 
 

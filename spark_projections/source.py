@@ -205,7 +205,7 @@ class _Options:
 def _problems(exc: ValidationError) -> str:
     """What a validation error says, without pydantic's boilerplate."""
     return " ".join(
-        str(error["ctx"]["error"]) if "error" in error.get("ctx", {}) else f"{'.'.join(map(str, error['loc']))}: {error['msg']}."
+        str(error["ctx"]["error"]) if "error" in error.get("ctx", {}) else f"{error['loc'][0]}: {error['msg']}."
         for error in exc.errors()
     )
 

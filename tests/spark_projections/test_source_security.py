@@ -18,6 +18,7 @@ from pyspark.sql import SparkSession
 
 from eventstore import EmbeddedServer, EventStore, EventStoreSettings, StreamId
 from spark_projections import source
+from spark_projections.source import EventSourceError
 from spark_projections.source import read_events
 from tests.secured import HOSTNAME, Pki, make_pki
 
@@ -83,3 +84,16 @@ def test_the_format_api_takes_the_security_options(spark: SparkSession, settings
     missing = {**options, "tls_ca_file": "/nowhere/ca.pem"}
     with pytest.raises(PySparkException, match="Connection options: tls_ca_file is /nowhere/ca.pem, but there is no file"):
         spark.read.format("jetstream").options(**missing).load().collect()
+
+
+def test_options_are_checked_and_the_url_is_masked_in_messages(pki: Pki) -> None:
+    opts = source._Options.parse({"URL": "nats://spark:pw@h:1, nats://h2:2", "TLS_CA_FILE": str(pki.ca)})
+    assert opts.servers == ("nats://spark:pw@h:1", "nats://h2:2") and opts.url == "nats://spark:***@h:1,nats://h2:2"
+    assert opts.security.tls_ca_file == pki.ca
+    for bad, message in [
+        ({"url": "nats://h:1", "user": "spark"}, "Connection options: user is set but password is not"),
+        ({"url": "nats://t0k@h:1", "token": "other"}, "Connection options: The server URL carries credentials"),
+        ({"url": "nats://h:1", "tls_hostname": ""}, "Connection options: tls_hostname: String should have at least 1"),
+    ]:
+        with pytest.raises(EventSourceError, match=message):
+            source._Options.parse(bad)
