@@ -98,9 +98,11 @@ class Connection(Client):
         """Connect as nats-py's ``connect()`` does, but raise :class:`AuthenticationError` at once when retrying cannot help.
 
         That is when the server rejects the credentials, the TLS handshake
-        fails, or TLS was asked for (a ``tls://`` URL, a ``tls`` context) and the
-        server does not require it; other failures are retried as ``options`` say. ``error_cb``
-        still sees every error of the first attempts.
+        fails, or TLS was asked for (a ``tls://`` URL, a ``tls`` context) and
+        the server does not require it; other failures are retried as
+        ``options`` say. ``error_cb`` still sees every error of the first
+        attempts. In a cluster, one server failing so ends the attempt: the
+        others share its credentials and CA.
         """
         hopeless: list[str] = []
         # Without an error_cb of the caller's, keep nats-py's default (it logs the error).
