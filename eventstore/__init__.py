@@ -4,12 +4,14 @@ If you are here to read the code, start with ``store.py`` (the :class:`EventStor
 facade), then ``append.py`` (optimistic concurrency, idempotency, atomic
 commits), ``wire.py`` (the message layout), ``reading.py`` and ``consumer.py``
 (loading one entity, replaying the stream), ``server.py`` (the embedded
-nats-server) and ``errors.py``.
+nats-server), ``security.py`` and ``connection.py`` (credentials, TLS, and the
+nats-py connection) and ``errors.py``.
 """
 
 from .append import MAX_ENTITIES_PER_APPEND, EntityAppend
 from .consumer import OrderedPull, create_replay_consumer
 from .errors import (
+    AuthenticationError,
     ConcurrencyError,
     EventDecodeError,
     EventStoreError,
@@ -22,6 +24,7 @@ from .errors import (
 )
 from .events import ANY, NO_STREAM, AppendResult, ExpectedVersion, RecordedEvent, StreamState
 from .registry import TypeRegistry, Upcaster
+from .security import ConnectionSecurity, connect_options
 from .server import EmbeddedServer, find_nats_server
 from .settings import EventStoreSettings
 from .store import EntityInfo, EventStore, Pending, StoreInfo
@@ -31,7 +34,9 @@ from .wire import Header, decode_commit, encode_commit
 __all__ = [
     "ANY",
     "AppendResult",
+    "AuthenticationError",
     "ConcurrencyError",
+    "ConnectionSecurity",
     "EmbeddedServer",
     "EntityAppend",
     "EntityInfo",
@@ -57,6 +62,7 @@ __all__ = [
     "TypeRegistry",
     "UnknownEventTypeError",
     "Upcaster",
+    "connect_options",
     "create_replay_consumer",
     "decode_commit",
     "decode_entity_id",

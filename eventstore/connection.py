@@ -4,15 +4,29 @@ nats-py checks every character of every header name with a Python generator
 (``any(c.isspace() for c in key)``); on a replay that is most of the client's
 CPU, since every event carries about ten headers. This subclass parses the same
 header block with byte-level operations and returns the same dictionary.
+
+It also gives up at once on a first connection that retrying cannot fix (the
+server rejected the credentials, or TLS failed), where nats-py would retry until
+its attempts run out and then report "no servers available"; and it refuses a
+server without TLS when TLS was asked for.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import ssl
 from typing import Any
 
 from nats.aio.client import Client
+from nats.errors import SecureConnWantedError
 
-__all__ = ["Connection", "parse_header_lines"]
+from .errors import AuthenticationError
+from .security import redact_url
+
+__all__ = ["Connection", "connect", "parse_header_lines"]
+
+_CLOSE_AFTER_FAILURE_S = 0.5
 
 
 def parse_header_lines(raw: bytes) -> dict[str, str]:
@@ -34,16 +48,93 @@ def parse_header_lines(raw: bytes) -> dict[str, str]:
     return out
 
 
+def _hopeless(exc: Exception) -> str | None:
+    """Why a failed connection attempt will fail the same way again, or None if a retry may help."""
+    if "authorization violation" in str(exc).lower():
+        return (
+            "the server rejected the credentials (Authorization Violation). Check the user and password, token, "
+            "nkey_seed_file or credentials_file settings (JETSOURCING_*), or the credentials in the URL"
+        )
+    if isinstance(exc, SecureConnWantedError):
+        return (
+            "the server does not require TLS, but a tls:// URL or the tls_* settings ask for it, so nothing was "
+            "sent to it. Enable TLS on the server, or check the URL"
+        )
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return (
+            f"the server's TLS certificate could not be verified ({exc.verify_message}). Set tls_ca_file "
+            "(JETSOURCING_TLS_CA_FILE) to the CA that signed it, and tls_hostname if it names another host than the URL"
+        )
+    if type(exc) is ssl.SSLError:  # a TLS alert; its subclasses are lost or reset connections
+        return (
+            f"the TLS handshake failed ({exc.reason or exc}). If the server requires a client certificate, set "
+            "tls_cert_file and tls_key_file (JETSOURCING_TLS_CERT_FILE, JETSOURCING_TLS_KEY_FILE) to one its CA signed"
+        )
+    return None
+
+
 class Connection(Client):
-    """A nats-py client whose only change is :func:`parse_header_lines`."""
+    """A nats-py client with a faster :func:`parse_header_lines` and :meth:`open`, a connect that fails fast."""
 
     @staticmethod
     def _parse_header_lines(raw: bytes) -> dict[str, str]:
         return parse_header_lines(raw)
 
+    async def _process_info(self, info: dict[str, Any], initial_connection: bool = False) -> None:
+        # nats-py upgrades to TLS only when the server requires it: a server that does not would get
+        # the CONNECT, credentials included, in plain text although TLS was asked for.
+        server = self._current_server
+        if (
+            initial_connection
+            and server is not None
+            and server.uri.scheme in ("nats", "tls")  # a wss:// server's TLS is the websocket's
+            and (server.uri.scheme == "tls" or "tls" in self.options)
+            and not info.get("tls_required")
+        ):
+            raise SecureConnWantedError()
+        await super()._process_info(info, initial_connection)
+
+    async def open(self, servers: list[str], **options: Any) -> None:
+        """Connect as nats-py's ``connect()`` does, but raise :class:`AuthenticationError` at once when retrying cannot help.
+
+        That is when the server rejects the credentials, the TLS handshake
+        fails, or TLS was asked for (a ``tls://`` URL, a ``tls`` context) and
+        the server does not require it; other failures are retried as
+        ``options`` say. ``error_cb`` still sees every error of the first
+        attempts. In a cluster, one server failing so ends the attempt: the
+        others share its credentials and CA.
+        """
+        hopeless: list[str] = []
+        # Without an error_cb of the caller's, keep nats-py's default (it logs the error).
+        callback = options.get("error_cb") or self._error_cb
+
+        async def on_error(exc: Exception) -> None:
+            if hopeless:
+                return  # closing after giving up: nothing the caller needs to hear
+            reason = _hopeless(exc) if opening else None
+            if reason is not None:
+                hopeless.append(reason)
+                self.options["allow_reconnect"] = False  # nats-py then raises instead of trying again
+            await callback(exc)
+
+        opening = True
+        try:
+            await self.connect(servers, **{**options, "error_cb": on_error})
+        except Exception as exc:
+            if not hopeless:
+                raise
+            # Bounded: after a failed TLS handshake asyncio has closed the socket but never tells
+            # the stream nats-py waits on, so its close() would wait forever.
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.close(), _CLOSE_AFTER_FAILURE_S)
+            where = redact_url(",".join(servers))
+            raise AuthenticationError(f"Could not connect to NATS at {where}: {hopeless[0]}.") from exc
+        finally:
+            opening = False
+
 
 async def connect(servers: list[str], **options: Any) -> Connection:
-    """Connect a :class:`Connection` like :func:`nats.connect` does."""
+    """Connect a :class:`Connection` like :func:`nats.connect` does, failing fast as :meth:`Connection.open` does."""
     nc = Connection()
-    await nc.connect(servers, **options)
+    await nc.open(servers, **options)
     return nc

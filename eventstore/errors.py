@@ -11,6 +11,7 @@ what was wrong and what to do about it::
     ├── UnknownEventTypeError     a stored event's type is not registered
     ├── EventDecodeError          a stored payload does not validate against its model
     ├── ServerUnavailableError    the server cannot be reached or did not answer in time
+    │   └── AuthenticationError   the server rejected the credentials, or TLS failed: retrying cannot help
     └── StreamConfigError         the stream exists with settings unfit for an event store
 
 Backend errors (nats-py exceptions, JetStream ``err_code`` values) are turned
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from .streams import StreamId
 
 __all__ = [
+    "AuthenticationError",
     "ConcurrencyError",
     "EventDecodeError",
     "EventStoreError",
@@ -83,6 +85,15 @@ class EventDecodeError(EventStoreError):
 
 class ServerUnavailableError(EventStoreError, ConnectionError):
     """The NATS server could not be reached, or did not answer in time."""
+
+
+class AuthenticationError(ServerUnavailableError):
+    """The server rejected the client's credentials, or the TLS handshake failed; raised at the first failure.
+
+    Unlike other connection failures this is not retried: the same settings
+    fail the same way. The message says what to fix (the credential settings,
+    ``tls_ca_file``, or a client certificate).
+    """
 
 
 class StreamConfigError(EventStoreError):

@@ -77,6 +77,10 @@ class EmbeddedServer:
     lose an acknowledged event. By default nats-server syncs every two minutes,
     which survives a crash of the process but not of the machine.
 
+    ``extra_config`` is nats-server configuration appended to the generated
+    file, e.g. an ``authorization { ... }`` or ``tls { ... }`` block for a
+    server that requires credentials or TLS (paths in it are the server's).
+
     Example::
 
         with EmbeddedServer() as server:
@@ -90,6 +94,7 @@ class EmbeddedServer:
         port: int | None = None,
         sync_always: bool = False,
         max_payload: int | None = None,
+        extra_config: str = "",
         start_timeout_s: float = 15.0,
     ) -> None:
         self._owns_dir = storage_dir is None
@@ -97,6 +102,7 @@ class EmbeddedServer:
         self.port = port or _free_port()
         self.sync_always = sync_always
         self.max_payload = max_payload
+        self.extra_config = extra_config
         self.start_timeout_s = start_timeout_s
         self._process: subprocess.Popen[bytes] | None = None
 
@@ -128,6 +134,8 @@ class EmbeddedServer:
         lines.append("}")
         if self.max_payload is not None:
             lines.append(f"max_payload: {self.max_payload}")
+        if self.extra_config:
+            lines.append(self.extra_config)
         config = self.storage_dir / "nats-server.conf"
         config.write_text("\n".join(lines) + "\n")
         return config

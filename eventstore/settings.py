@@ -8,27 +8,35 @@ Explicit arguments beat environment variables, which beat defaults::
 
 Environment variables: ``NATS_URL`` (or ``JETSOURCING_NATS_URL``) and
 ``JETSOURCING_<FIELD>`` for every other field, e.g. ``JETSOURCING_STREAM``.
+
+The fields that secure the connection (``user``, ``password``, ``token``,
+``nkey_seed_file``, ``credentials_file``, ``tls_*``) come from
+:class:`~eventstore.ConnectionSecurity`, with its checks.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Self
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from .security import ConnectionSecurity, check_url_credentials
 
 __all__ = ["EventStoreSettings"]
 
 
-class EventStoreSettings(BaseSettings):
-    """How to reach the server and how the event store's stream is laid out (immutable)."""
+class EventStoreSettings(BaseSettings, ConnectionSecurity):
+    """How to reach (and authenticate to) the server and how the event store's stream is laid out (immutable)."""
 
-    model_config = SettingsConfigDict(env_prefix="JETSOURCING_", frozen=True, extra="forbid")
+    model_config = SettingsConfigDict(env_prefix="JETSOURCING_", frozen=True, extra="forbid", hide_input_in_errors=True)
 
     nats_url: str | None = Field(
         default=None,
         validation_alias=AliasChoices("nats_url", "NATS_URL", "JETSOURCING_NATS_URL"),
-        description="Server or cluster URL(s), comma-separated. None starts an embedded nats-server.",
+        description="Server or cluster URL(s), comma-separated; nats://user:password@host or nats://token@host "
+        "carry credentials. None starts an embedded nats-server.",
     )
     stream: str = Field(default="EVENTS", pattern=r"^[A-Za-z0-9_-]+$", description="JetStream stream name.")
     subject_prefix: str = Field(
@@ -44,3 +52,8 @@ class EventStoreSettings(BaseSettings):
     storage_dir: Path | None = Field(default=None, description="Embedded server's storage; None: a temporary directory.")
     sync_always: bool = Field(default=False, description="Embedded server fsyncs before every acknowledgement.")
     connect_name: str = Field(default="jetsourcing", description="Client name shown by the server.")
+
+    @model_validator(mode="after")
+    def _one_set_of_credentials(self) -> Self:
+        check_url_credentials(self.nats_url, self)
+        return self

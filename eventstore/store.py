@@ -33,10 +33,11 @@ from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfi
 from nats.js.errors import NotFoundError
 from pydantic import BaseModel
 
+from . import security
 from .append import Appender, EntityAppend
 from .connection import connect as connect_nats
 from .consumer import create_replay_consumer
-from .errors import ServerUnavailableError, StreamConfigError
+from .errors import AuthenticationError, ServerUnavailableError, StreamConfigError
 from .events import ANY, AppendResult, ExpectedVersion, RecordedEvent, StreamState
 from .inbox import Inbox
 from .reading import Reader
@@ -171,6 +172,7 @@ class EventStore:
             "error_cb": _on_error,
             "disconnected_cb": on_disconnected,
             "reconnected_cb": _on_reconnected,
+            **security.connect_options(settings),
         }
         options.update(connect_options)
         try:
@@ -178,8 +180,11 @@ class EventStore:
         except (NoServersError, OSError, asyncio.TimeoutError, NatsError) as exc:
             if server:
                 server.close()
+            if isinstance(exc, AuthenticationError):
+                raise  # already says what to fix
             raise ServerUnavailableError(
-                f"Could not connect to NATS at {url}: {exc or type(exc).__name__}. Start a server, or fix NATS_URL."
+                f"Could not connect to NATS at {security.redact_url(url)}: {exc or type(exc).__name__}. "
+                "Start a server, or fix NATS_URL."
             ) from exc
         closing.append(nc)
         if "max_reconnect_attempts" not in connect_options:

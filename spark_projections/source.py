@@ -79,13 +79,23 @@ from urllib.parse import unquote
 import pyarrow as pa
 import pyarrow.compute as pc
 from nats.protocol.parser import AWAITING_CONTROL_LINE, Parser
+from pydantic import ValidationError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
 
-from eventstore import EventDecodeError, EventStoreSettings, ServerUnavailableError, create_replay_consumer
+from eventstore import (
+    AuthenticationError,
+    ConnectionSecurity,
+    EventDecodeError,
+    EventStoreSettings,
+    ServerUnavailableError,
+    connect_options,
+    create_replay_consumer,
+)
 from eventstore.connection import Connection
+from eventstore.security import check_url_credentials, redact_url
 from eventstore.streams import validate_category
 from spark_projections.errors import SparkProjectionError
 
@@ -143,7 +153,8 @@ class EventSourceError(SparkProjectionError):
 
 @dataclass(frozen=True)
 class _Options:
-    url: str
+    url: str  # for messages: a password or token in it is shown as ***
+    servers: tuple[str, ...]
     stream: str
     subject_prefix: str
     categories: tuple[str, ...]
@@ -152,6 +163,7 @@ class _Options:
     partitions: int
     batch: int
     request_timeout_s: float
+    security: ConnectionSecurity
 
     @classmethod
     def parse(cls, options: Any) -> _Options:
@@ -171,8 +183,17 @@ class _Options:
             raise EventSourceError(f"Option 'categories': {exc}") from None
         from_position = _int_option(opts, "from_position", 1, minimum=1) or 1
         to_position = _int_option(opts, "to_position", None, minimum=0)
+        given = {name: value for name, value in opts.items() if name in ConnectionSecurity.model_fields}
+        try:
+            security = ConnectionSecurity.model_validate(given)
+            check_url_credentials(url, security)
+        except ValidationError as exc:
+            raise EventSourceError(f"Connection options: {_problems(exc)}") from None
+        except ValueError as exc:
+            raise EventSourceError(f"Connection options: {exc}") from None
         return cls(
-            url=url,
+            url=redact_url(url),
+            servers=tuple(u.strip() for u in url.split(",")),
             stream=opts.get("stream", "EVENTS"),
             subject_prefix=opts.get("subject_prefix", "events"),
             categories=categories,
@@ -181,6 +202,7 @@ class _Options:
             partitions=_int_option(opts, "partitions", 1, minimum=1) or 1,
             batch=_int_option(opts, "batch", _DEFAULT_BATCH, minimum=1) or _DEFAULT_BATCH,
             request_timeout_s=float(opts.get("request_timeout_s", "5")),
+            security=security,
         )
 
     @property
@@ -188,6 +210,14 @@ class _Options:
         if not self.categories:
             return [f"{self.subject_prefix}.>"]
         return [f"{self.subject_prefix}.{c}.*" for c in self.categories]
+
+
+def _problems(exc: ValidationError) -> str:
+    """What a validation error says, without pydantic's boilerplate."""
+    return " ".join(
+        str(error["ctx"]["error"]) if "error" in error.get("ctx", {}) else f"{error['loc'][0]}: {error['msg']}."
+        for error in exc.errors()
+    )
 
 
 def _int_option(opts: dict[str, str], name: str, default: int | None, *, minimum: int) -> int | None:
@@ -213,7 +243,12 @@ class JetStreamDataSource(DataSource):
     (default ``events``), ``categories`` (comma-separated; default all),
     ``from_position`` (default 1), ``to_position`` (default: the last position when
     the query is planned), ``partitions`` (parallel reads; default 1), ``batch``
-    (messages per pull request; default 5000), ``request_timeout_s`` (default 5).
+    (messages per pull request; default 5000), ``request_timeout_s`` (default 5),
+    and the fields of :class:`~eventstore.ConnectionSecurity` for a secured server
+    (``user``, ``password``, ``token``, ``nkey_seed_file``, ``credentials_file``,
+    ``tls_ca_file``, ``tls_cert_file``, ``tls_key_file``, ``tls_hostname``; files
+    must exist on the driver and on every executor). See the README's
+    "Connecting to a secured server" for where secrets are safest.
 
     Column pruning: Spark does not tell Python sources which columns a query uses,
     so ``.schema("position BIGINT, type STRING, payload STRING")`` (any subset of
@@ -321,13 +356,10 @@ def read_events(
     register(spark)
     reader = (
         spark.read.format(FORMAT)
-        .option("url", settings.nats_url)
-        .option("stream", settings.stream)
-        .option("subject_prefix", settings.subject_prefix)
+        .options(**_settings_options(settings))
         .option("from_position", str(from_position))
         .option("partitions", str(partitions or spark.sparkContext.defaultParallelism))
         .option("batch", str(batch))
-        .option("request_timeout_s", str(settings.request_timeout_s))
     )
     if categories:
         reader = reader.option("categories", ",".join(categories))
@@ -342,20 +374,34 @@ def read_events(
     return reader.load()
 
 
+def _settings_options(settings: EventStoreSettings) -> dict[str, str]:
+    """The data source options that say where ``settings``' stream is and how to connect to it (secrets included)."""
+    return {
+        "url": settings.nats_url or "",
+        "stream": settings.stream,
+        "subject_prefix": settings.subject_prefix,
+        "request_timeout_s": str(settings.request_timeout_s),
+        **settings.as_options(),
+    }
+
+
 # -- reading one partition ----------------------------------------------------------------
 
 
 async def _connect(opts: _Options) -> _ReadConnection:
     nc = _ReadConnection()
     try:
-        await nc.connect(
-            [u.strip() for u in opts.url.split(",")],
+        await nc.open(
+            list(opts.servers),
             name="jetsourcing-spark",
             connect_timeout=max(1, round(opts.request_timeout_s)),
             max_reconnect_attempts=max(1, int(opts.request_timeout_s / 0.2)),
-            reconnect_time_wait=0.2,  # type: ignore[arg-type] # nats-py annotates int, sleeps a float
+            reconnect_time_wait=0.2,
             allow_reconnect=True,
+            **connect_options(opts.security),
         )
+    except AuthenticationError as exc:
+        raise EventSourceError(str(exc)) from exc  # it names the server and what to fix
     except Exception as exc:  # noqa: BLE001 - nats-py raises several unrelated types here
         raise EventSourceError(f"Could not connect to NATS at {opts.url}: {exc or type(exc).__name__}.") from exc
     return nc
@@ -365,10 +411,7 @@ async def stream_bounds(settings: EventStoreSettings) -> tuple[int, int]:
     """The (first, last) position of ``settings``' stream, asked from the server; (1, 0) when it is empty."""
     if settings.nats_url is None:
         raise EventSourceError("stream_bounds needs settings.nats_url (or NATS_URL).")
-    return await _stream_bounds(
-        _Options.parse({"url": settings.nats_url, "stream": settings.stream,
-                        "request_timeout_s": str(settings.request_timeout_s)})
-    )
+    return await _stream_bounds(_Options.parse(_settings_options(settings)))
 
 
 async def _stream_bounds(opts: _Options) -> tuple[int, int]:
