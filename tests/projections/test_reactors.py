@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import BaseModel
@@ -25,6 +26,7 @@ from projections import (
     ReactorConfigError,
     ReactorHandler,
     ReactorStart,
+    ReactorStats,
     ReactorWorker,
     read_reactor_dead_letters,
     run_reactor,
@@ -196,73 +198,78 @@ async def test_failing_and_poison_events_land_in_the_dead_letter_stream_with_the
     assert (again.handled, again.redelivered, again.dead_lettered) == (0, 0, 0)
 
 
+class LastDelivery:
+    """A reactor allowed one delivery, whose first worker hangs on the event until it is cancelled."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.holding = asyncio.Event()
+
+    def reactor(self, handler: Callable[[RecordedEvent], Any]) -> Reactor:
+        return Reactor(self.name, handler=handler, max_deliver=1, ack_wait_s=1.0)
+
+    async def hang(self, event: RecordedEvent) -> None:
+        self.holding.set()
+        await asyncio.sleep(60)
+
+    @staticmethod
+    async def never(event: RecordedEvent) -> None:
+        raise AssertionError("max_deliver=1: the event must not be delivered again")
+
+    async def doomed_worker(self, store: EventStore) -> asyncio.Future[ReactorStats]:
+        """A worker that holds the event's only delivery (await :meth:`cancel` to let it die without a verdict)."""
+        doomed = asyncio.ensure_future(ReactorWorker(store, self.reactor(self.hang)).run())
+        await asyncio.wait_for(self.holding.wait(), 10)
+        return doomed
+
+    @staticmethod
+    async def cancel(doomed: asyncio.Future[ReactorStats]) -> None:
+        doomed.cancel()  # the handler is cancelled on its last delivery: no verdict
+        with pytest.raises(asyncio.CancelledError):
+            await doomed
+
+    async def dead_letters_of(self, worker: ReactorWorker, store: EventStore) -> tuple[list[Any], ReactorStats]:
+        """Run ``worker`` until the dead letter appears (10 s at most); its dead letters and its counters."""
+        running = asyncio.ensure_future(worker.run())
+        deadline = time.monotonic() + 10
+        while not (letters := await read_reactor_dead_letters(store, self.name)) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        worker.stop()
+        return letters, await asyncio.wait_for(running, 10)
+
+
 async def test_an_event_whose_worker_dies_on_its_last_delivery_is_dead_lettered_by_another_worker(
     store: EventStore,
 ) -> None:
     await append_numbered(store, range(1))
-    holding = asyncio.Event()
-
-    async def hang(event: RecordedEvent) -> None:
-        holding.set()
-        await asyncio.sleep(60)
-
-    async def fine(event: RecordedEvent) -> None:
-        raise AssertionError("max_deliver=1: the event must not be delivered again")
-
-    settings = dict(max_deliver=1, ack_wait_s=1.0)
+    last = LastDelivery("last")
     async with connections(store.settings, 2) as (first, second):
-        doomed = asyncio.ensure_future(ReactorWorker(first, Reactor("last", handler=hang, **settings)).run())  # type: ignore[arg-type]
-        await asyncio.wait_for(holding.wait(), 10)
-        survivor = ReactorWorker(second, Reactor("last", handler=fine, **settings))  # type: ignore[arg-type]
-        surviving = asyncio.ensure_future(survivor.run())
-        await asyncio.sleep(0.2)  # the survivor joins the max-deliveries advisory's queue group
-        doomed.cancel()  # the handler is cancelled on its last delivery: no verdict
+        doomed = await last.doomed_worker(first)
+        survivor = ReactorWorker(second, last.reactor(last.never))
+        asyncio.get_running_loop().call_later(0.2, doomed.cancel)  # once the survivor has subscribed
+        letters, stats = await last.dead_letters_of(survivor, store)
         with pytest.raises(asyncio.CancelledError):
             await doomed
-        deadline = time.monotonic() + 10
-        while not (letters := await read_reactor_dead_letters(store, "last")) and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        survivor.stop()
-        await asyncio.wait_for(surviving, 10)
 
     (letter,) = letters
     assert (letter.reason, letter.deliveries) == (DeadLetterReason.MAX_DELIVER, 1)
     assert "no verdict" in letter.error
     assert [e.data for e in letter.events] == [Ordered(n=0)]
-    assert survivor.stats.dead_lettered == 1
+    assert stats.dead_lettered == 1
 
 
 async def test_a_lone_worker_that_dies_on_the_last_delivery_leaves_it_to_the_next_worker_to_start(
     store: EventStore,
 ) -> None:
     await append_numbered(store, range(1))
-    holding = asyncio.Event()
-
-    async def hang(event: RecordedEvent) -> None:
-        holding.set()
-        await asyncio.sleep(60)
-
-    async def fine(event: RecordedEvent) -> None:
-        raise AssertionError("max_deliver=1: the event must not be delivered again")
-
-    settings = dict(max_deliver=1, ack_wait_s=1.0)
+    lone = LastDelivery("lone")
     async with connections(store.settings, 2) as (first, second):
-        doomed = asyncio.ensure_future(ReactorWorker(first, Reactor("lone", handler=hang, **settings)).run())  # type: ignore[arg-type]
-        await asyncio.wait_for(holding.wait(), 10)
-        doomed.cancel()  # the only worker goes away during the last delivery
-        with pytest.raises(asyncio.CancelledError):
-            await doomed
+        await lone.cancel(await lone.doomed_worker(first))  # the only worker goes away during the last delivery
         await asyncio.sleep(2.5)  # no worker at all for longer than ack_wait
         assert await read_reactor_dead_letters(store, "lone") == []
         # The server sends the max-deliveries advisory when it next has a pull request to
         # serve, so the next worker to start receives it.
-        later = ReactorWorker(second, Reactor("lone", handler=fine, **settings))  # type: ignore[arg-type]
-        running = asyncio.ensure_future(later.run())
-        deadline = time.monotonic() + 10
-        while not (letters := await read_reactor_dead_letters(store, "lone")) and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        later.stop()
-        stats = await asyncio.wait_for(running, 10)
+        letters, stats = await lone.dead_letters_of(ReactorWorker(second, lone.reactor(lone.never)), store)
 
     (letter,) = letters
     assert (letter.reason, letter.deliveries, stats.dead_lettered) == (DeadLetterReason.MAX_DELIVER, 1, 1)
