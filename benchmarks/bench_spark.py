@@ -165,16 +165,18 @@ class RowsDataSource(JetStreamDataSource):
 def read_rows(opts: Any, start: int, stop: int) -> Iterator[tuple[object, ...]]:
     headers_re = re.compile(rb"\r\n(Es-[A-Za-z-]+):[ \t]*([^\r]*)")
     loop = asyncio.new_event_loop()
-    pulled = source._pull(opts, start, stop)
+    pulled = source._pull(opts, start, stop, native=False)  # rows framed in Python, as before
     skip = len(opts.subject_prefix) + 1
     streams: dict[bytes, tuple[str, str, str]] = {}
     try:
         while True:
             try:
-                commits = loop.run_until_complete(pulled.__anext__())
+                parts = loop.run_until_complete(pulled.__anext__())
             except StopAsyncIteration:
                 break
-            for seq, subject, raw, body in zip(commits.positions, commits.subjects, commits.headers, commits.bodies):
+            rows = [row for part in parts if isinstance(part, source._Commits)
+                    for row in zip(part.positions, part.subjects, part.headers, part.bodies)]
+            for seq, subject, raw, body in rows:
                 h = dict(headers_re.findall(raw))
                 stream = streams.get(subject)
                 if stream is None:

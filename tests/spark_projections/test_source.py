@@ -169,7 +169,8 @@ def test_split_range() -> None:
     assert all(b + 1 == c for (_, b), (c, _) in zip(ranges, ranges[1:]))
 
 
-async def test_a_partition_survives_losing_its_consumer(store: EventStore) -> None:
+@pytest.mark.parametrize("native", [True, False], ids=["native framing", "python framing"])
+async def test_a_partition_survives_losing_its_consumer(store: EventStore, native: bool) -> None:
     """The range reader recreates a deleted consumer and still yields every message once, in order."""
     store.registry.register(Deposited)
     account = StreamId("Account", "a")
@@ -181,13 +182,15 @@ async def test_a_partition_survives_losing_its_consumer(store: EventStore) -> No
         await js.publish(account.subject(store.settings.subject_prefix), body, headers=headers)
     opts = source._Options.parse({"url": store.settings.nats_url, "stream": store.settings.stream,
                                   "subject_prefix": store.settings.subject_prefix, "batch": "40"})
-    nc = await source._connect(opts)
+    nc = await source._connect(opts, native=native)
     pull = source._RangePull(nc, opts, 1, 400)
     seen: list[int] = []
+    kinds: set[type] = set()
     deleted = 0
     try:
         async for stored in pull.batches():
-            seen += stored.positions
+            seen += [p for part in stored for p in part.position_list()]
+            kinds.update(type(part) for part in stored)
             if deleted < 2 and len(seen) >= 100 * (deleted + 1):
                 deleted += 1
                 await store.nc.request(f"$JS.API.CONSUMER.DELETE.{opts.stream}.{pull._consumer.decode()}", b"")
@@ -195,6 +198,7 @@ async def test_a_partition_survives_losing_its_consumer(store: EventStore) -> No
         await nc.close()
     assert deleted == 2
     assert seen == list(range(1, 401))
+    assert (source._Frames in kinds) == native and (native or kinds == {source._Commits})
 
 
 def test_events_schema_is_what_the_reader_returns() -> None:
@@ -248,7 +252,7 @@ async def test_a_partition_survives_a_server_restart(tmp_path: Path) -> None:
         pull._create_consumer = counting_create  # type: ignore[method-assign]
         try:
             async for stored in pull.batches():
-                seen += stored.positions
+                seen += [p for part in stored for p in part.position_list()]
                 if not restarted and len(seen) >= 500:
                     restarted = True
                     await asyncio.to_thread(server.kill)
