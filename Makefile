@@ -6,7 +6,8 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test install bench lint clean
 
-$(STAMP): pyproject.toml
+# The native framing of bulk reads is compiled by the install: rebuild when its C source changes.
+$(STAMP): pyproject.toml spark_projections/_frames.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
@@ -31,4 +32,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_spark.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache spark-warehouse
+	rm -rf $(VENV) .pytest_cache spark-warehouse build spark_projections/*.so
