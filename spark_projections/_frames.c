@@ -68,12 +68,12 @@ typedef struct {
 /* A non-negative decimal without sign or spaces that fits an int64; -1 otherwise. */
 static int64_t decimal(const uint8_t *at, Py_ssize_t length) {
     if (length < 1 || length > 19) return -1;
+    /* Only 19 digits can overflow: compare with INT64_MAX as text (a non-digit fails below anyway). */
+    if (length == 19 && memcmp(at, "9223372036854775807", 19) > 0) return -1;
     int64_t value = 0;
     for (Py_ssize_t i = 0; i < length; i++) {
         if (at[i] < '0' || at[i] > '9') return -1;
-        int digit = at[i] - '0';
-        if (value > (INT64_MAX - digit) / 10) return -1;
-        value = value * 10 + digit;
+        value = value * 10 + (at[i] - '0');
     }
     return value;
 }

@@ -1197,8 +1197,8 @@ class _FastParser(Parser):
             await super().parse(data)
             return
         buf: bytearray = self.buf
-        buf.extend(data)
-        view = bytes(buf)
+        # The chunk itself when nothing is left of the last one: no copy of a whole socket read.
+        view = bytes(buf) + data if buf else data
         size = len(view)
         pos = 0
         routes = self.nc._routes
@@ -1269,8 +1269,7 @@ class _FastParser(Parser):
                 routed_sid = sid
                 rows = received.setdefault(inbox, [])
             rows.append((subject, reply, view[start:split], view[split:end]))
-        if pos:
-            del buf[:pos]
+        buf[:] = view[pos:]  # what the next chunk completes (usually less than one message)
         for inbox, got in received.items():
             inbox.add(got)  # also wakes the reader for natively framed runs
         if buf and not (buf.startswith(b"HMSG ") or buf.startswith(b"MSG ")):
