@@ -44,6 +44,7 @@ from .reactor_errors import (
     ReactorConsumerError,
     ReactorError,
 )
+from .progress import ProgressReporter, RichProgress, progress_for
 from .reactors import Reactor, ReactorHandler, ReactorStart, ReactorStats, ReactorWorker, run_reactor
 
 __all__ = [
@@ -59,6 +60,7 @@ __all__ = [
     "MemoryStore",
     "Outcome",
     "PoisonEvent",
+    "ProgressReporter",
     "Projection",
     "ProjectionDefinitionError",
     "ProjectionError",
@@ -79,6 +81,7 @@ __all__ = [
     "ReadModelStore",
     "RebuildError",
     "RebuildResult",
+    "RichProgress",
     "RowError",
     "SqliteStore",
     "SqliteTransaction",
@@ -87,6 +90,7 @@ __all__ = [
     "fold",
     "format_status",
     "handles",
+    "progress_for",
     "read_reactor_dead_letters",
     "read_status",
     "rebuild",

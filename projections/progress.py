@@ -92,9 +92,9 @@ class _RateColumn(ProgressColumn):
 
 
 class RichProgress:
-    """A progress bar on ``stream`` (a terminal): done/total, events/s, ETA."""
+    """A progress bar on ``stream`` (a terminal), or in a rich ``console`` you already draw to: done/total, events/s, ETA."""
 
-    def __init__(self, title: str, stream: IO[str] | None = None) -> None:
+    def __init__(self, title: str, stream: IO[str] | None = None, *, console: Console | None = None) -> None:
         self.title = title
         self._progress = Progress(
             TextColumn("[bold]{task.description}"),
@@ -103,7 +103,7 @@ class RichProgress:
             _RateColumn(),
             TextColumn("ETA"),
             TimeRemainingColumn(),
-            console=Console(file=stream or sys.stderr),
+            console=console or Console(file=stream or sys.stderr),
             transient=False,
         )
         self._task = self._progress.add_task(title, total=None, start=False)

@@ -13,10 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-__all__ = ["Check", "Report", "ReplayProgress"]
+__all__ = ["Check", "Report"]
 
 
 @dataclass
@@ -110,42 +109,3 @@ def _cell(value: object) -> str:
     if isinstance(value, float):
         return f"{value:,.2f}"
     return str(value)
-
-
-class ReplayProgress:
-    """A rebuild's progress as a rich bar (satisfies ``rebuild()``'s progress reporter protocol).
-
-    Counts stream positions, like the framework's own reporters; ``events``
-    remembers the highest position reached, for the narration.
-    """
-
-    def __init__(self, title: str, console: Console) -> None:
-        self.reached = 0
-        self._progress = Progress(
-            TextColumn("  [bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("positions"),
-            TimeElapsedColumn(),
-            console=console,
-            transient=False,
-        )
-        self._task = self._progress.add_task(title, total=None, start=False)
-
-    def start(self, total: int, done: int = 0) -> None:
-        """The replay runs from ``done`` to ``total``."""
-        self._progress.start()
-        self._progress.update(self._task, total=total, completed=done)
-        self._progress.start_task(self._task)
-
-    def update(self, done: int, total: int | None = None) -> None:
-        """The replay reached position ``done`` (and now runs to ``total``)."""
-        self.reached = max(self.reached, done)
-        if total is not None:
-            self._progress.update(self._task, total=total, completed=done)
-        else:
-            self._progress.update(self._task, completed=done)
-
-    def finish(self) -> None:
-        """The replay ended."""
-        self._progress.stop()

@@ -29,6 +29,7 @@ from projections import (
     Outcome,
     Projection,
     ProjectionSettings,
+    RichProgress,
     SqliteStore,
     fold,
     format_status,
@@ -37,7 +38,7 @@ from projections import (
 )
 from samples.bank import AccountBalances, Bank, DailyMovements, TransferProcess, TransferStatuses
 from samples.bank.workload import FIRST_DAY, Customer, Tally, open_accounts, plan, run_commands
-from samples.report import Report, ReplayProgress
+from samples.report import Report
 
 __all__ = [
     "DATABASE",
@@ -246,7 +247,7 @@ async def blue_green(demo: Demo) -> None:
         before = _live(demo, name)
         report.say(f"the daemon follows live (generation {before[0]}), a writer keeps depositing, readers keep "
                    "querying; the rebuild replays the whole stream into a shadow generation, then switches")
-        progress = ReplayProgress(f"rebuild {name}", report.console)
+        progress = RichProgress(f"rebuild {name}", console=report.console)
         # On a very slow machine the replay could trail the writer for long: the writer then goes home.
         watchdog = asyncio.get_running_loop().call_later(30, stop_writing.set)
         result = await rebuild(AccountBalances(), demo.psettings, event_store=store, progress=progress)
