@@ -39,11 +39,14 @@ from .rebuild import RebuildResult, rebuild
 from .settings import ProjectionSettings
 from .status import format_status, read_status
 
-__all__ = ["load_projection", "main"]
+__all__ = ["import_object", "load_projection", "main"]
 
 
-def load_projection(path: str) -> Projection:
-    """Import ``module:Class`` (or ``module:instance``) and return a projection instance."""
+def import_object(path: str) -> object:
+    """Import ``module:attr`` (the current directory is importable) and return the attribute.
+
+    Raises :class:`ProjectionLoadError` saying what is wrong with the path.
+    """
     module_name, sep, attr = path.partition(":")
     if not sep or not module_name or not attr:
         raise ProjectionLoadError(f"{path!r} is not an import path; write it as 'package.module:ProjectionClass'.")
@@ -54,9 +57,14 @@ def load_projection(path: str) -> Projection:
     except ImportError as exc:
         raise ProjectionLoadError(f"Cannot import {module_name!r} (from {path!r}): {exc}") from exc
     try:
-        obj = getattr(module, attr)
+        return getattr(module, attr)
     except AttributeError:
         raise ProjectionLoadError(f"Module {module_name!r} has no attribute {attr!r} (from {path!r}).") from None
+
+
+def load_projection(path: str) -> Projection:
+    """Import ``module:Class`` (or ``module:instance``) and return a projection instance."""
+    obj = import_object(path)
     if isinstance(obj, Projection):
         return obj
     if isinstance(obj, type) and issubclass(obj, Projection):

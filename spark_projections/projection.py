@@ -52,7 +52,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
-import importlib
 import os
 import sys
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
@@ -79,7 +78,8 @@ from pyspark.sql.types import (
 )
 
 from eventstore import EventStoreSettings, RecordedEvent, StreamId, TypeRegistry
-from projections import MemoryStore, Projection, Table, fold
+from projections import MemoryStore, Projection, ProjectionLoadError, Table, fold
+from projections.cli import import_object
 from spark_projections.delta import WriteResult, full_rebuild, incremental_merge, recorded_position
 from spark_projections.errors import SparkProjectionError
 from spark_projections.source import EVENTS_SCHEMA, read_events, stream_bounds
@@ -663,15 +663,10 @@ def _last_position(settings: EventStoreSettings) -> int:
 
 def load(path: str) -> AnyProjection:
     """Import ``module:attr``: a Projection subclass or instance, or a DataFrameProjection."""
-    module_name, sep, attr = path.partition(":")
-    if not sep or not module_name or not attr:
-        raise SparkProjectionError(f"{path!r} is not an import path; write it as 'package.module:Projection'.")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
     try:
-        obj = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise SparkProjectionError(f"Cannot load {path!r}: {exc}") from exc
+        obj = import_object(path)
+    except ProjectionLoadError as exc:
+        raise SparkProjectionError(str(exc)) from exc
     if isinstance(obj, type) and issubclass(obj, Projection):
         obj = obj()
     if isinstance(obj, (Projection, DataFrameProjection)):

@@ -9,7 +9,17 @@ from pydantic import BaseModel
 
 import projections
 from eventstore import RecordedEvent, StreamId, TypeRegistry
-from projections import MemoryStore, Projection, ProjectionDefinitionError, Table, Transaction, fold, handles
+from projections import (
+    MemoryStore,
+    Projection,
+    ProjectionDefinitionError,
+    ProjectionLoadError,
+    Table,
+    Transaction,
+    fold,
+    handles,
+)
+from projections.cli import load_projection
 
 from projection_examples import AccountBalances, Deposited, FragileBalances, Movements
 
@@ -172,3 +182,15 @@ def test_optional_and_union_none_are_the_same_nullable_column() -> None:
 def test_bad_projection_attributes_are_refused(attrs: dict[str, object], message: str) -> None:
     with pytest.raises(Exception, match=message):
         type("Bad", (Projection,), dict(attrs))
+
+
+def test_projection_import_paths_say_what_is_wrong() -> None:
+    assert load_projection("projection_examples:AccountBalances").name == "account_balances"
+    for path, message in (
+        ("projection_examples.AccountBalances", "is not an import path"),
+        ("no_such_module:X", "Cannot import 'no_such_module'"),
+        ("projection_examples:Nope", "has no attribute 'Nope'"),
+        ("json:dumps", "not a Projection subclass or instance"),
+    ):
+        with pytest.raises(ProjectionLoadError, match=message):
+            load_projection(path)

@@ -242,4 +242,4 @@ async def test_cli_rebuild_and_update(
     assert main(["update", *args], spark=spark) == 0
     assert "movements: noop" in capsys.readouterr().out
     assert main(["update", "no_such_module:X", "--root", str(tmp_path)], spark=spark) == 2
-    assert "Cannot load" in capsys.readouterr().err
+    assert "Cannot import 'no_such_module'" in capsys.readouterr().err
