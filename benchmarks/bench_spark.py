@@ -164,31 +164,21 @@ class RowsDataSource(JetStreamDataSource):
 
 def read_rows(opts: Any, start: int, stop: int) -> Iterator[tuple[object, ...]]:
     headers_re = re.compile(rb"\r\n(Es-[A-Za-z-]+):[ \t]*([^\r]*)")
-    loop = asyncio.new_event_loop()
-    pulled = source._pull(opts, start, stop, native=False)  # rows framed in Python, as before
     skip = len(opts.subject_prefix) + 1
     streams: dict[bytes, tuple[str, str, str]] = {}
-    try:
-        while True:
-            try:
-                parts = loop.run_until_complete(pulled.__anext__())
-            except StopAsyncIteration:
-                break
-            rows = [row for part in parts if isinstance(part, source._Commits)
-                    for row in zip(part.positions, part.subjects, part.headers, part.bodies)]
-            for seq, subject, raw, body in rows:
-                h = dict(headers_re.findall(raw))
-                stream = streams.get(subject)
-                if stream is None:
-                    category, _, entity = subject[skip:].decode().partition(".")
-                    stream = streams[subject] = (f"{category}/{unquote(entity)}", category, unquote(entity))
-                corr, cause = h.get(b"Es-Correlation-Id"), h.get(b"Es-Causation-Id")
-                yield (seq, 0, *stream, int(h[b"Es-Version"]), h[b"Es-Type"].decode(),
-                       int(h[b"Es-Schema-Version"]), h[b"Es-Event-Id"].decode(), corr and corr.decode(),
-                       cause and cause.decode(), datetime.fromisoformat(h[b"Es-Recorded-At"].decode()), body.decode())
-    finally:
-        loop.run_until_complete(pulled.aclose())
-        loop.close()
+    for parts in source._range_parts(opts, start, stop, native=False):  # framed in Python: rows of bytes
+        rows = [row for part in parts if isinstance(part, source._Commits)
+                for row in zip(part.positions, part.subjects, part.headers, part.bodies)]
+        for seq, subject, raw, body in rows:
+            h = dict(headers_re.findall(raw))
+            stream = streams.get(subject)
+            if stream is None:
+                category, _, entity = subject[skip:].decode().partition(".")
+                stream = streams[subject] = (f"{category}/{unquote(entity)}", category, unquote(entity))
+            corr, cause = h.get(b"Es-Correlation-Id"), h.get(b"Es-Causation-Id")
+            yield (seq, 0, *stream, int(h[b"Es-Version"]), h[b"Es-Type"].decode(),
+                   int(h[b"Es-Schema-Version"]), h[b"Es-Event-Id"].decode(), corr and corr.decode(),
+                   cause and cause.decode(), datetime.fromisoformat(h[b"Es-Recorded-At"].decode()), body.decode())
 
 
 class ArrowFileSource(DataSource):

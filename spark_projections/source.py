@@ -448,10 +448,16 @@ async def _stream_bounds(opts: _Options) -> tuple[int, int]:
 def _read_range(
     opts: _Options, start: int, stop: int, columns: Sequence[str] = tuple(EVENTS_SCHEMA.fieldNames())
 ) -> Iterator[pa.RecordBatch]:
-    """Yield the events of sequences ``start..stop`` as Arrow batches of ``columns``, driving a private event loop."""
-    loop = asyncio.new_event_loop()
-    pulled = _pull(opts, start, stop)
+    """Yield the events of sequences ``start..stop`` as Arrow batches of ``columns``."""
     converter = _Converter(opts.subject_prefix, columns)
+    for parts in _range_parts(opts, start, stop):
+        yield from converter.convert_parts(parts)
+
+
+def _range_parts(opts: _Options, start: int, stop: int, *, native: bool = True) -> Iterator[list[_Part]]:
+    """:func:`_pull`'s batches for synchronous callers (Spark's ``read()``), driving a private event loop."""
+    loop = asyncio.new_event_loop()
+    pulled = _pull(opts, start, stop, native=native)
     # A read allocates millions of short-lived acyclic objects: collecting every 700
     # allocations (the default) costs about 10% of it for nothing.
     thresholds = gc.get_threshold()
@@ -459,10 +465,9 @@ def _read_range(
     try:
         while True:
             try:
-                parts = loop.run_until_complete(pulled.__anext__())
+                yield loop.run_until_complete(pulled.__anext__())
             except StopAsyncIteration:
                 break
-            yield from converter.convert_parts(parts)
     finally:
         gc.set_threshold(*thresholds)
         loop.run_until_complete(pulled.aclose())
