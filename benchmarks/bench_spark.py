@@ -19,7 +19,9 @@ For N events (default 1,000,000; single-event commits on 10,000 accounts), in on
   ``cores / (server + jvm + python)``; ``reader_budget_us`` is the Python CPU per event the
   0.5 target leaves once the measured server and JVM costs are paid.
 
-Each figure is the best of ``--rounds`` runs after one warm-up run (the machine is shared).
+Each figure is the best of ``--rounds`` runs (default 3) after one warm-up run; the rounds
+take turns over the figures, so the JVM's warm-up and the shared machine's busy spells
+favour none of them.
 Own embedded nats-server and Spark session (``local[2]``); progress on stderr; the last
 stdout line is one JSON object.
 
@@ -277,26 +279,33 @@ class Run:
         self.cpu_us = cpu_us
 
 
-def best_of(rounds: int, label: str, run: Callable[[int], None], events: int, meter: CpuMeter) -> Run:
-    best: Run | None = None
+def best_of_interleaved(
+    rounds: int, figures: list[tuple[str, str, Callable[[int], None]]], events: int, meter: CpuMeter
+) -> dict[str, Run]:
+    """The best of ``rounds`` timed runs of every figure, taken in turns (round 1 of each, then round 2, ...).
+
+    Taking turns gives every figure the same share of the JVM's warm-up and of the
+    machine's quiet and busy spells, which measuring one figure after the other does not.
+    """
+    best: dict[str, Run] = {}
     for i in range(rounds):
-        before = meter.sample()
-        started = time.perf_counter()
-        run(i)
-        elapsed = time.perf_counter() - started
-        after = meter.sample()
-        cpu_us = {k: round(1e6 * (after[k] - before[k]) / events, 2) for k in after}
-        log(f"{label}: {elapsed:.2f}s = {events / elapsed:,.0f} events/s; CPU us/event {cpu_us}")
-        if best is None or events / elapsed > best.rate:
-            best = Run(events / elapsed, cpu_us)
-    assert best is not None
+        for key, label, run in figures:
+            before = meter.sample()
+            started = time.perf_counter()
+            run(i)
+            elapsed = time.perf_counter() - started
+            after = meter.sample()
+            cpu_us = {k: round(1e6 * (after[k] - before[k]) / events, 2) for k in after}
+            log(f"round {i + 1}, {label}: {elapsed:.2f}s = {events / elapsed:,.0f} events/s; CPU us/event {cpu_us}")
+            if key not in best or events / elapsed > best[key].rate:
+                best[key] = Run(events / elapsed, cpu_us)
     return best
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--events", type=int, default=1_000_000)
-    parser.add_argument("--rounds", type=int, default=2, help="measured runs per figure (the best counts)")
+    parser.add_argument("--rounds", type=int, default=3, help="measured runs per figure, taken in turns (the best counts)")
     args = parser.parse_args()
     total = args.events
     with tempfile.TemporaryDirectory(prefix="bench-spark-") as tmp, EmbeddedServer(Path(tmp) / "nats") as server:
@@ -352,17 +361,6 @@ def main() -> None:
         jvm = spark.sparkContext._gateway.proc.pid  # type: ignore[union-attr] # spark-submit execs the JVM
         assert server.pid is not None
         meter = CpuMeter(server.pid, jvm)
-        runs: dict[str, Run] = {}
-
-        def measure(key: str, label: str, run: Callable[[int], None]) -> None:
-            runs[key] = best_of(args.rounds, label, run, total, meter)
-
-        measure("parquet_to_delta_eps", "parquet -> delta", from_parquet)
-        measure("jetstream_to_delta_eps_p1", "jetstream p1 -> delta", from_jetstream(1))
-        measure("jetstream_to_delta_eps_p2", "jetstream p2 -> delta", from_jetstream(2))
-        measure("arrow_source_to_delta_eps", "python arrow source -> delta", from_arrow_source)
-        measure("jetstream_read_eps_p1", "jetstream p1 read", read_only(1))
-        measure("jetstream_read_eps_p2", "jetstream p2 read", read_only(2))
         spark.dataSource.register(RowsDataSource)
 
         def read_rows_only(i: int) -> None:
@@ -370,7 +368,15 @@ def main() -> None:
              .option("subject_prefix", "bench").option("to_position", total).option("partitions", 2).load()
              .write.format("noop").mode("overwrite").save())
 
-        measure("jetstream_read_eps_p2_rows", "jetstream p2 read, row tuples", read_rows_only)
+        runs = best_of_interleaved(args.rounds, [
+            ("parquet_to_delta_eps", "parquet -> delta", from_parquet),
+            ("jetstream_to_delta_eps_p1", "jetstream p1 -> delta", from_jetstream(1)),
+            ("jetstream_to_delta_eps_p2", "jetstream p2 -> delta", from_jetstream(2)),
+            ("arrow_source_to_delta_eps", "python arrow source -> delta", from_arrow_source),
+            ("jetstream_read_eps_p1", "jetstream p1 read", read_only(1)),
+            ("jetstream_read_eps_p2", "jetstream p2 read", read_only(2)),
+            ("jetstream_read_eps_p2_rows", "jetstream p2 read, row tuples", read_rows_only),
+        ], total, meter)
         result: dict[str, object] = {"bench": "spark", "events": total, "fill_eps": round(fill_eps)}
         result.update({key: round(run.rate) for key, run in runs.items()})
         p2, ceiling = runs["jetstream_to_delta_eps_p2"], runs["parquet_to_delta_eps"]
