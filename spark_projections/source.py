@@ -77,9 +77,9 @@ import logging
 import re
 import time
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias
+from typing import Any, SupportsIndex, TypeAlias
 from urllib.parse import unquote
 
 import numpy as np
@@ -531,23 +531,21 @@ class _Frames:
     body without copying them; the Python path handles any other frame.
     """
 
-    __slots__ = ("data", "count", "stride", "first_dseq", "last_dseq", "pending", "several", "positions", "views",
-                 "present")
+    __slots__ = ("data", "count", "first_dseq", "last_dseq", "pending", "several", "positions", "views", "present")
     # present: (correlation, causation) bytes, 1 where a commit has that optional header
 
     def __init__(
-        self, data: bytes, count: int, stride: int, first_dseq: int, last_dseq: int, pending: int, several: bool,
-        positions: bytes, views: bytes, present: tuple[bytes, bytes],
+        self, data: bytes, count: int, first_dseq: int, last_dseq: int, pending: int, several: bool,
+        positions: bytes, views: tuple[bytes, ...], present: tuple[bytes, bytes],
     ) -> None:
         self.data = data
         self.count = count
-        self.stride = stride  # commits the view blocks were laid out for (count, until head() keeps fewer)
         self.first_dseq = first_dseq
         self.last_dseq = last_dseq
         self.pending = pending
         self.several = several  # some commit holds several events
         self.positions = positions
-        self.views = views
+        self.views = views  # per column (see the constants above), 16 bytes per commit
         self.present = present
 
     @classmethod
@@ -560,15 +558,14 @@ class _Frames:
         )
         if not count:
             return pos, None
-        return end, cls(data, count, count, first, last, pending, bool(several), positions, views,
-                         (correlation, causation))
+        return end, cls(data, count, first, last, pending, bool(several), positions, views, (correlation, causation))
 
     def __len__(self) -> int:
         return self.count
 
     def head(self, keep: int) -> _Frames:
         """The first ``keep`` commits."""
-        return _Frames(self.data, keep, self.stride, self.first_dseq, self.first_dseq + keep - 1, self.pending,
+        return _Frames(self.data, keep, self.first_dseq, self.first_dseq + keep - 1, self.pending,
                        self.several, self.positions, self.views, self.present)
 
     def position_list(self) -> Sequence[int]:
@@ -576,8 +573,7 @@ class _Frames:
 
     def view_bytes(self, c: int) -> memoryview:
         """The binary views of column ``c`` (see the constants above), 16 bytes per commit."""
-        start = c * self.stride * _VIEW
-        return memoryview(self.views)[start : start + self.count * _VIEW]
+        return memoryview(self.views[c])[: self.count * _VIEW]
 
     def where(self, i: int) -> str:
         """Where commit ``i`` is stored, for error messages."""
@@ -1202,14 +1198,31 @@ class _FastParser(Parser):
             await super().parse(data)
             return
         buf: bytearray = self.buf
-        # The chunk itself when nothing is left of the last one: no copy of a whole socket read.
-        view = bytes(buf) + data if buf else data
+        received: dict[_Inbox, list[_Raw]] = {}
+        view, pos = data, 0
+        if buf:
+            # A read mostly ends inside a message: copy that one message together and frame
+            # the rest of the read in place, rather than copying the whole read behind it.
+            taken = _completing(buf, data)
+            if taken < 0:
+                view = bytes(buf) + data  # the message needs more than this read (or is not one)
+            else:
+                head = bytes(buf) + data[:taken]
+                end = await self._frame(head, 0, received)
+                view, pos = (data, taken) if end == len(head) else (head[end:] + data[taken:], 0)
+        pos = await self._frame(view, pos, received)
+        buf[:] = view[pos:]  # what the next chunk completes (usually less than one message)
+        for inbox, got in received.items():
+            inbox.add(got)  # also wakes the reader for natively framed runs
+        if buf and not (buf.startswith(b"HMSG ") or buf.startswith(b"MSG ")):
+            await super().parse()
+
+    async def _frame(self, view: bytes, pos: int, received: dict[_Inbox, list[_Raw]]) -> int:
+        """Frame the complete messages of ``view[pos:]`` into ``received`` (or nats-py); where it stopped."""
         size = len(view)
-        pos = 0
         routes = self.nc._routes
         native = self.nc.native
         find = view.find
-        received: dict[_Inbox, list[_Raw]] = {}
         rows: list[_Raw] = []
         routed_sid = None
         while pos < size:
@@ -1274,11 +1287,82 @@ class _FastParser(Parser):
                 routed_sid = sid
                 rows = received.setdefault(inbox, [])
             rows.append((subject, reply, view[start:split], view[split:end]))
-        buf[:] = view[pos:]  # what the next chunk completes (usually less than one message)
-        for inbox, got in received.items():
-            inbox.add(got)  # also wakes the reader for natively framed runs
-        if buf and not (buf.startswith(b"HMSG ") or buf.startswith(b"MSG ")):
-            await super().parse()
+        return pos
+
+
+def _completing(buf: bytearray, data: bytes) -> int:
+    """How many bytes of ``data`` complete the message begun in ``buf``; -1 if they do not, or it is none."""
+    eol = buf.find(b"\r\n")
+    if eol < 0:
+        more = data.find(b"\r\n", 0, 4096)
+        if more < 0:
+            return -1
+        line, eol = bytes(buf) + data[:more], len(buf) + more
+    else:
+        line = bytes(buf[:eol])
+    op, _, rest = line.partition(b" ")
+    parts = rest.split(b" ")
+    if op not in (b"HMSG", b"MSG") or not parts[-1].isdigit():
+        return -1
+    taken = eol + 2 + int(parts[-1]) + 2 - len(buf)
+    return taken if 0 <= taken <= len(data) else -1
+
+
+class _ChunkReader(asyncio.StreamReader):
+    """An asyncio stream reader that keeps the socket's reads as they came, for one reader that takes them all.
+
+    ``asyncio.StreamReader`` copies every read into its buffer, and again out
+    of it; a bulk read takes the bytes objects the socket returned instead
+    (:meth:`take`). Installed on a connection's reader by changing its class
+    (see :meth:`_ReadConnection._read_loop`), so the rest behaves as before.
+    """
+
+    _chunks: list[bytes]
+    _held: int
+
+    @classmethod
+    def install(cls, reader: asyncio.StreamReader) -> _ChunkReader:
+        reader.__class__ = cls
+        assert isinstance(reader, _ChunkReader)
+        reader._chunks, reader._held = [], 0
+        return reader
+
+    def feed_data(self, data: Iterable[SupportsIndex]) -> None:
+        chunk = data if type(data) is bytes else bytes(data)
+        if not chunk:
+            return
+        self._chunks.append(chunk)
+        self._held += len(chunk)
+        state: Any = self  # asyncio's private flow-control fields, which typeshed does not declare
+        state._wakeup_waiter()
+        if state._transport is not None and not state._paused and self._held > 2 * state._limit:
+            try:
+                state._transport.pause_reading()
+            except NotImplementedError:
+                state._transport = None
+            else:
+                state._paused = True
+
+    def at_eof(self) -> bool:
+        return super().at_eof() and not self._chunks
+
+    async def take(self) -> bytes:
+        """Everything received since the last call (waits for something; empty at the end of the stream)."""
+        state: Any = self
+        while not (self._chunks or state._buffer):
+            if state._exception is not None:
+                raise state._exception
+            if state._eof:
+                return b""
+            await state._wait_for_data("take")
+        chunks, self._chunks, self._held = self._chunks, [], 0
+        if state._buffer:  # what arrived before the install
+            chunks.insert(0, bytes(state._buffer))
+            state._buffer.clear()
+        if state._paused:
+            state._paused = False
+            state._transport.resume_reading()
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 class _ReadConnection(Connection):
@@ -1311,15 +1395,19 @@ class _ReadConnection(Connection):
         inbox.add([(subject, reply, headers or b"", data)])
 
     async def _read_loop(self) -> None:
-        """nats-py's read loop, taking up to :data:`_READ_SIZE` bytes a time instead of 32 KiB.
+        """nats-py's read loop, taking whole socket reads (up to 256 KiB) as they came instead of 32 KiB copies.
 
-        A bulk read then costs a quarter of the parser calls and wake-ups. The
-        stream reader's limit (32 KiB, set by nats-py) is raised to match, or it
-        would stop reading the socket at 64 KiB buffered.
+        A bulk read then costs a quarter of the parser calls and wake-ups, and
+        no copies (:class:`_ChunkReader`). The stream reader's limit (32 KiB,
+        set by nats-py) is raised to match, or it would stop reading the socket
+        at 64 KiB buffered.
         """
         reader = getattr(self._transport, "_io_reader", None)
-        if isinstance(reader, asyncio.StreamReader) and reader._limit < _READ_SIZE:  # type: ignore[attr-defined]
-            reader._limit = _READ_SIZE  # type: ignore[attr-defined]
+        chunks: _ChunkReader | None = None
+        if isinstance(reader, asyncio.StreamReader):
+            reader._limit = max(reader._limit, _READ_SIZE)  # type: ignore[attr-defined] # private in typeshed
+            if type(reader) is asyncio.StreamReader:  # not another transport's own reader
+                chunks = _ChunkReader.install(reader)
         while True:
             try:
                 if self.is_closed or self.is_reconnecting or self._transport is None:
@@ -1329,7 +1417,8 @@ class _ReadConnection(Connection):
                     await self._error_cb(eof)
                     await self._process_op_err(eof)
                     break
-                await self._ps.parse(await self._transport.read(_READ_SIZE))
+                data = await chunks.take() if chunks is not None else await self._transport.read(_READ_SIZE)
+                await self._ps.parse(data)
             except errors.ProtocolError:
                 await self._process_op_err(errors.ProtocolError())
                 break

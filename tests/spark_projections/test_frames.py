@@ -8,6 +8,7 @@ the Python path.
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -166,3 +167,49 @@ def test_malformed_frames_are_left_to_python_not_misread() -> None:
     assert end == len(tricky) and len(runs) == 1
     payload = source._Converter(SUBJECT_PREFIX, ("payload",)).convert_frames(runs).column(0).to_pylist()
     assert payload == [body.decode()]
+
+
+def parse_in_chunks(data: bytes, cuts: list[int], *, native: bool) -> list[tuple[int, str]]:
+    """Feed ``data`` to the connection's parser in pieces cut at ``cuts``; (position, payload) of what it routed."""
+    nc = source._ReadConnection(native=native)
+    box = source._Inbox(lambda: None, SUBJECT_PREFIX)
+    box.ack_prefix = ACK_PREFIX
+    nc._routes[SID] = box
+    bounds = [0, *sorted(set(cuts)), len(data)]
+
+    async def feed() -> None:
+        for start, end in zip(bounds, bounds[1:]):
+            await nc._ps.parse(data[start:end])
+
+    asyncio.run(feed())
+    parts, statuses = box.take()
+    assert [s.split(b"\r\n")[0] for s in statuses] == [b"NATS/1.0 408 Request Timeout"]
+    converter = source._Converter(SUBJECT_PREFIX, ("position", "payload"))
+    routed = []
+    for part in parts:
+        if isinstance(part, source._Frames):
+            batch = converter.convert_frames([part])
+        else:
+            commits = source._Commits([int(row[1].split(b".")[-4]) for row in part], [row[0] for row in part],
+                                      [row[2] for row in part], [row[3] for row in part])
+            batch = converter.convert(commits)
+        routed += [(row["position"], row["payload"]) for row in batch.to_pylist()]
+    return routed
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(commit_strategy, min_size=1, max_size=12), st.data(), st.booleans())
+def test_the_parser_routes_every_message_once_however_the_reads_are_cut(
+    commits: list[dict[str, object]], data: st.DataObject, native: bool
+) -> None:
+    stream, python = build(commits)
+    # Another subscription's message and a status message in the middle, as the server interleaves them.
+    middle = stream.find(b"HMSG", len(stream) // 2)
+    middle = len(stream) if middle < 0 else middle
+    other = b"MSG _INBOX.other 9 5\r\nhello\r\n"
+    status = b"HMSG _INBOX.x 7 32 32\r\nNATS/1.0 408 Request Timeout\r\n\r\n\r\n"
+    stream = stream[:middle] + other + status + stream[middle:]
+    cuts = data.draw(st.lists(st.integers(1, len(stream) - 1), max_size=8))
+    whole = source._Converter(SUBJECT_PREFIX, ("position", "payload")).convert(python).to_pylist()
+    expected = [(row["position"], row["payload"]) for row in whole]
+    assert parse_in_chunks(stream, cuts, native=native) == expected
