@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -50,7 +51,8 @@ async def create_replay_consumer(
     ``give_up_s`` (None: forever, until ``should_stop()``), then raises
     :class:`ServerUnavailableError`. Unused, the consumer expires after a minute.
     """
-    name = nc.new_inbox().rsplit(".", 1)[-1]
+    # Short: the name is in the reply subject of every message the consumer delivers.
+    name = secrets.token_urlsafe(9)
     config: dict[str, object] = {
         "name": name,
         "deliver_policy": "by_start_sequence",
