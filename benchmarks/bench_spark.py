@@ -57,7 +57,7 @@ from eventstore.connection import connect  # noqa: E402
 from spark_projections.delta import full_rebuild  # noqa: E402
 from spark_projections.projection import DataFrameProjection, rebuild  # noqa: E402
 from spark_projections.session import SparkSettings, spark_session  # noqa: E402
-from spark_projections import source  # noqa: E402
+from spark_projections import _batches, _options, _range_reader, source  # noqa: E402
 from spark_projections.source import JetStreamDataSource, read_events  # noqa: E402
 
 ACCOUNTS = 10_000
@@ -161,15 +161,15 @@ class RowsDataSource(JetStreamDataSource):
                     return iter(())
                 return read_rows(self.options, partition.start, partition.stop)
 
-        return RowsReader(source._Options.parse(self.options))
+        return RowsReader(_options.Options.parse(self.options))
 
 
 def read_rows(opts: Any, start: int, stop: int) -> Iterator[tuple[object, ...]]:
     headers_re = re.compile(rb"\r\n(Es-[A-Za-z-]+):[ \t]*([^\r]*)")
     skip = len(opts.subject_prefix) + 1
     streams: dict[bytes, tuple[str, str, str]] = {}
-    for parts in source._range_parts(opts, start, stop, native=False):  # framed in Python: rows of bytes
-        rows = [row for part in parts if isinstance(part, source._Commits)
+    for parts in _range_reader.range_parts(opts, start, stop, native=False):  # framed in Python: rows of bytes
+        rows = [row for part in parts if isinstance(part, _batches.Commits)
                 for row in zip(part.positions, part.subjects, part.headers, part.bodies)]
         for seq, subject, raw, body in rows:
             h = dict(headers_re.findall(raw))

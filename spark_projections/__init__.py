@@ -24,6 +24,7 @@ from .errors import (
     DeltaJarsUnavailableError,
     DeltaNotConfiguredError,
     DuplicateKeysError,
+    EventSourceError,
     JavaNotFoundError,
     JavaTooOldError,
     SchemaMismatchError,
@@ -35,7 +36,7 @@ from .java import check_java
 from .projection import GROUP_COLUMN, DataFrameProjection, FoldConstraintError, ProjectionRun, rebuild, update
 from .session import ensure_delta, spark_session
 from .settings import SparkSettings
-from .source import EVENTS_SCHEMA, EventSourceError, JetStreamDataSource, read_events
+from .source import EVENTS_SCHEMA, JetStreamDataSource, read_events
 from .typed import TypedDecodingError, spark_schema, typed_events, typed_frames
 
 __all__ = [

@@ -16,6 +16,7 @@ __all__ = [
     "DeltaJarsUnavailableError",
     "DeltaNotConfiguredError",
     "DuplicateKeysError",
+    "EventSourceError",
     "JarsProblem",
     "JavaNotFoundError",
     "JavaTooOldError",
@@ -178,3 +179,7 @@ class SchemaMismatchError(SparkProjectionError):
             "A projection whose shape changed needs a full rebuild "
             "(spark_projections.delta.full_rebuild) under a new app_id."
         )
+
+
+class EventSourceError(SparkProjectionError):
+    """The ``jetstream`` data source was misconfigured or could not read the stream."""

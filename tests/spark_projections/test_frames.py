@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from eventstore import StreamId, encode_commit
-from spark_projections import source
+from spark_projections import _batches, _range_reader
 from spark_projections.source import EVENTS_SCHEMA
 
 SID = b"7"
@@ -53,10 +53,10 @@ commit_strategy = st.fixed_dictionaries(
 )
 
 
-def build(commits: list[dict[str, object]], first_seq: int = 1) -> tuple[bytes, source._Commits]:
+def build(commits: list[dict[str, object]], first_seq: int = 1) -> tuple[bytes, _batches.Commits]:
     """The frames of ``commits`` (stream sequences 2, 4, 6, ... as after a filter) and the same as Python lists."""
     data = b""
-    python = source._Commits()
+    python = _batches.Commits()
     for i, c in enumerate(commits):
         events = c["events"]
         assert isinstance(events, list)
@@ -80,17 +80,17 @@ def build(commits: list[dict[str, object]], first_seq: int = 1) -> tuple[bytes, 
     return data, python
 
 
-def scan_all(data: bytes) -> tuple[int, list[source._Frames]]:
+def scan_all(data: bytes) -> tuple[int, list[_batches.Frames]]:
     pos, runs = 0, []
     while True:
-        pos, run = source._Frames.scan(data, pos, SID, ACK_PREFIX, (SUBJECT_PREFIX + ".").encode())
+        pos, run = _batches.Frames.scan(data, pos, SID, ACK_PREFIX, (SUBJECT_PREFIX + ".").encode())
         if run is None:
             return pos, runs
         runs.append(run)
 
 
 def test_the_native_scanner_is_built() -> None:
-    assert source._frames is not None, "spark_projections._frames was not built: install a C compiler and reinstall"
+    assert _batches.NATIVE, "spark_projections._frames was not built: install a C compiler and reinstall"
 
 
 @settings(max_examples=150, deadline=None)
@@ -101,7 +101,7 @@ def test_native_and_python_framing_give_the_same_events(commits: list[dict[str, 
     data, python = build(commits)
     end, runs = scan_all(data + b"HMSG ev.Account.x 7 $JS.ACK.S.")  # and the start of a frame still in flight
     assert end == len(data) and sum(len(run) for run in runs) == len(commits)
-    converter = source._Converter(SUBJECT_PREFIX, columns)
+    converter = _batches.Converter(SUBJECT_PREFIX, columns)
     native = converter.convert_frames(runs)
     assert native.to_pylist() == converter.convert(python).to_pylist()
     assert native.schema == converter.convert(python).schema
@@ -117,7 +117,7 @@ def test_runs_concatenate_and_cut_like_lists() -> None:
         assert end == len(part)
         runs += found
     assert len(runs) == 2
-    converter = source._Converter(SUBJECT_PREFIX)
+    converter = _batches.Converter(SUBJECT_PREFIX)
     assert converter.convert_frames(runs).to_pylist() == converter.convert(python).to_pylist()
     first = runs[0].head(2)
     assert list(first.position_list()) == python.positions[:2]
@@ -152,7 +152,7 @@ GOOD = frame(b"ev.Account.a", 5, 1, HEADERS, b"{}")
 )
 def test_the_scanner_leaves_what_it_does_not_understand_to_python(odd: bytes) -> None:
     # One call stops right before the odd frame; the parser frames that one in Python, then scans on.
-    end, run = source._Frames.scan(GOOD + odd + GOOD, 0, SID, ACK_PREFIX, (SUBJECT_PREFIX + ".").encode())
+    end, run = _batches.Frames.scan(GOOD + odd + GOOD, 0, SID, ACK_PREFIX, (SUBJECT_PREFIX + ".").encode())
     assert end == len(GOOD) and run is not None and len(run) == 1
 
 
@@ -165,14 +165,14 @@ def test_malformed_frames_are_left_to_python_not_misread() -> None:
     tricky = frame(b"ev.Account.a", 5, 1, HEADERS, body)
     end, runs = scan_all(tricky)
     assert end == len(tricky) and len(runs) == 1
-    payload = source._Converter(SUBJECT_PREFIX, ("payload",)).convert_frames(runs).column(0).to_pylist()
+    payload = _batches.Converter(SUBJECT_PREFIX, ("payload",)).convert_frames(runs).column(0).to_pylist()
     assert payload == [body.decode()]
 
 
 def parse_in_chunks(data: bytes, cuts: list[int], *, native: bool) -> list[tuple[int, str]]:
     """Feed ``data`` to the connection's parser in pieces cut at ``cuts``; (position, payload) of what it routed."""
-    nc = source._ReadConnection(native=native)
-    box = source._Inbox(lambda: None, SUBJECT_PREFIX)
+    nc = _range_reader.ReadConnection(native=native)
+    box = _range_reader.Inbox(lambda: None, SUBJECT_PREFIX)
     box.ack_prefix = ACK_PREFIX
     nc._routes[SID] = box
     bounds = [0, *sorted(set(cuts)), len(data)]
@@ -184,13 +184,13 @@ def parse_in_chunks(data: bytes, cuts: list[int], *, native: bool) -> list[tuple
     asyncio.run(feed())
     parts, statuses = box.take()
     assert [s.split(b"\r\n")[0] for s in statuses] == [b"NATS/1.0 408 Request Timeout"]
-    converter = source._Converter(SUBJECT_PREFIX, ("position", "payload"))
+    converter = _batches.Converter(SUBJECT_PREFIX, ("position", "payload"))
     routed = []
     for part in parts:
-        if isinstance(part, source._Frames):
+        if isinstance(part, _batches.Frames):
             batch = converter.convert_frames([part])
         else:
-            commits = source._Commits([int(row[1].split(b".")[-4]) for row in part], [row[0] for row in part],
+            commits = _batches.Commits([int(row[1].split(b".")[-4]) for row in part], [row[0] for row in part],
                                       [row[2] for row in part], [row[3] for row in part])
             batch = converter.convert(commits)
         routed += [(row["position"], row["payload"]) for row in batch.to_pylist()]
@@ -210,6 +210,6 @@ def test_the_parser_routes_every_message_once_however_the_reads_are_cut(
     status = b"HMSG _INBOX.x 7 32 32\r\nNATS/1.0 408 Request Timeout\r\n\r\n\r\n"
     stream = stream[:middle] + other + status + stream[middle:]
     cuts = data.draw(st.lists(st.integers(1, len(stream) - 1), max_size=8))
-    whole = source._Converter(SUBJECT_PREFIX, ("position", "payload")).convert(python).to_pylist()
+    whole = _batches.Converter(SUBJECT_PREFIX, ("position", "payload")).convert(python).to_pylist()
     expected = [(row["position"], row["payload"]) for row in whole]
     assert parse_in_chunks(stream, cuts, native=native) == expected

@@ -17,7 +17,7 @@ from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 
 from eventstore import EmbeddedServer, EventStore, EventStoreSettings, StreamId, encode_commit
-from spark_projections import source
+from spark_projections import _batches, _options, _range_reader, source
 from spark_projections.source import EVENTS_SCHEMA, read_events, split_range
 
 
@@ -180,10 +180,10 @@ async def test_a_partition_survives_losing_its_consumer(store: EventStore, nativ
                                       payloads=[json.dumps({"amount": n}).encode()], last_version=n,
                                       recorded_at="2026-01-01T00:00:00+00:00")
         await js.publish(account.subject(store.settings.subject_prefix), body, headers=headers)
-    opts = source._Options.parse({"url": store.settings.nats_url, "stream": store.settings.stream,
+    opts = _options.Options.parse({"url": store.settings.nats_url, "stream": store.settings.stream,
                                   "subject_prefix": store.settings.subject_prefix, "batch": "40"})
-    nc = await source._connect(opts, native=native)
-    pull = source._RangePull(nc, opts, 1, 400)
+    nc = await _range_reader.open_connection(opts, native=native)
+    pull = _range_reader.RangePull(nc, opts, 1, 400)
     seen: list[int] = []
     kinds: set[type] = set()
     deleted = 0
@@ -198,11 +198,11 @@ async def test_a_partition_survives_losing_its_consumer(store: EventStore, nativ
         await nc.close()
     assert deleted == 2
     assert seen == list(range(1, 401))
-    assert (source._Frames in kinds) == native and (native or kinds == {source._Commits})
+    assert (_batches.Frames in kinds) == native and (native or kinds == {_batches.Commits})
 
 
 def test_events_schema_is_what_the_reader_returns() -> None:
-    converted = source._Converter("p").convert(source._Commits(
+    converted = _batches.Converter("p").convert(_batches.Commits(
         [9, 10],
         [b"p.Account.a%2Eb", b"p.Cart.c"],
         [b"NATS/1.0\r\nEs-Type: A,B\r\nEs-Schema-Version: 1,2\r\nEs-Event-Id: x,y\r\nEs-Version: 5\r\n"
@@ -237,11 +237,11 @@ async def test_a_partition_survives_a_server_restart(tmp_path: Path) -> None:
             await asyncio.gather(*acks)
         finally:
             await store.close()
-        opts = source._Options.parse({"url": server.url, "stream": "RESTART", "subject_prefix": "r", "batch": "100"})
-        nc = await source._connect(opts)
+        opts = _options.Options.parse({"url": server.url, "stream": "RESTART", "subject_prefix": "r", "batch": "100"})
+        nc = await _range_reader.open_connection(opts)
         seen: list[int] = []
         restarted = False
-        pull = source._RangePull(nc, opts, 1, 2000)
+        pull = _range_reader.RangePull(nc, opts, 1, 2000)
         consumers: list[bytes] = []
         create = pull._create_consumer
 

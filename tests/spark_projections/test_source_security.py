@@ -17,7 +17,7 @@ from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 
 from eventstore import EmbeddedServer, EventStore, EventStoreSettings, StreamId
-from spark_projections import source
+from spark_projections import _options, source
 from spark_projections.source import EventSourceError
 from spark_projections.source import read_events
 from tests.secured import HOSTNAME, Pki, make_pki
@@ -87,7 +87,7 @@ def test_the_format_api_takes_the_security_options(spark: SparkSession, settings
 
 
 def test_options_are_checked_and_the_url_is_masked_in_messages(pki: Pki) -> None:
-    opts = source._Options.parse({"URL": "nats://spark:pw@h:1, nats://h2:2", "TLS_CA_FILE": str(pki.ca)})
+    opts = _options.Options.parse({"URL": "nats://spark:pw@h:1, nats://h2:2", "TLS_CA_FILE": str(pki.ca)})
     assert opts.servers == ("nats://spark:pw@h:1", "nats://h2:2") and opts.url == "nats://spark:***@h:1,nats://h2:2"
     assert opts.security.tls_ca_file == pki.ca
     for bad, message in [
@@ -96,4 +96,4 @@ def test_options_are_checked_and_the_url_is_masked_in_messages(pki: Pki) -> None
         ({"url": "nats://h:1", "tls_hostname": ""}, "Connection options: tls_hostname: String should have at least 1"),
     ]:
         with pytest.raises(EventSourceError, match=message):
-            source._Options.parse(bad)
+            _options.Options.parse(bad)
