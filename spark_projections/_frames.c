@@ -1,4 +1,4 @@
-/* Native framing of a bulk JetStream read: the hot loop of spark_projections.source, in C.
+/* Native framing of a bulk JetStream read: the hot loop of spark_projections._range_reader, in C.
  *
  * scan(buf, pos, sid, ack_prefix, subject_prefix) reads consecutive complete
  *
@@ -14,8 +14,9 @@
  * binary-view structs pointing into buf (as the array's first data buffer).
  *
  * Returns (end, count, first_dseq, last_dseq, pending, several, positions, views, correlation, causation):
- *   several    1 if some commit holds several events (a comma in its Es-Type);
  *   end        where the first frame not taken starts;
+ *   count      frames taken; first_dseq, last_dseq their consumer sequences; pending the last one's;
+ *   several    1 if some commit holds several events (a comma in its Es-Type);
  *   positions  count little-endian int64 stream sequences;
  *   views      a tuple of COLUMNS items (subject, type, schema_version, event_id, version, recorded_at,
  *              correlation_id, causation_id, payload, category, entity): count 16-byte views each;
@@ -23,7 +24,8 @@
  *
  * The loop runs once per message of a bulk read, so it searches bytes with SSE2 where the
  * compiler offers it (16 bytes a step, no call per search) and writes every output straight
- * into the bytes objects it returns, sized up front for the most frames the input can hold.
+ * into the bytes objects it returns, sized at the first frame taken for the most frames the rest
+ * of the input can hold (and shrunk with _PyBytes_Resize, CPython's documented way to do so).
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -40,9 +42,10 @@ enum {
 };
 #define REQUIRED 5 /* TYPE .. RECORDED_AT */
 #define MAX_CONTROL_LINE 4096
-/* No frame the scanner takes is shorter: "HMSG " and four separators, a subject of at least
- * three bytes after its prefix, a reply of at least nine after its prefix, two digits, the
- * status line and the five required headers with empty values (86 bytes), two line ends. */
+/* No frame the scanner takes is shorter (the smallest is 113 bytes): "HMSG " and four separators,
+ * a subject of at least three bytes after its prefix, a sid, a reply of at least nine bytes after
+ * its prefix, two lengths, a line end, the status line and the five required headers with empty
+ * values (84 bytes), the closing line end. Only a bound on the outputs' size: they grow if needed. */
 #define MIN_FRAME 100
 
 typedef struct {
@@ -226,7 +229,6 @@ static PyObject *scan(PyObject *Py_UNUSED(self), PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "scan: pos out of range, or a buffer over 2 GiB");
         goto done;
     }
-    if (!resize(&out, (size - pos) / MIN_FRAME + 1)) goto done;
     while (size - pos >= 5 && memcmp(base + pos, "HMSG ", 5) == 0) {
         Py_ssize_t line_start = pos + 5;
         Py_ssize_t window = size - line_start < MAX_CONTROL_LINE ? size - line_start : MAX_CONTROL_LINE;
@@ -267,7 +269,11 @@ static PyObject *scan(PyObject *Py_UNUSED(self), PyObject *args) {
         const uint8_t *dot = find(category, subject_end, '.');
         if (dot == NULL || dot == category || dot + 1 == subject_end || find(dot + 1, subject_end, '.') != NULL)
             break;
-        if (count == out.capacity && !resize(&out, out.capacity * 2)) goto done; /* MIN_FRAME makes this rare */
+        /* Allocated at the first frame taken, so a call that takes none (the caller tries one before
+         * each frame it frames in Python) costs nothing; grown only if MIN_FRAME were wrong. */
+        if (count == out.capacity &&
+            !resize(&out, count == 0 ? (size - pos) / MIN_FRAME + 1 : out.capacity * 2))
+            goto done;
         values[CATEGORY].at = category;
         values[CATEGORY].length = dot - category;
         values[ENTITY].at = dot + 1;

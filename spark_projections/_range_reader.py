@@ -404,6 +404,9 @@ class FastParser(Parser):
             # A read mostly ends inside a message: copy that one message together and frame
             # the rest of the read in place, rather than copying the whole read behind it.
             taken = completing(buf, data)
+            if taken == _WHOLE_READ:
+                buf += data  # all of it belongs to a message bigger than a read
+                return
             if taken < 0:
                 view = bytes(buf) + data  # the message needs more than this read (or is not one)
             else:
@@ -490,8 +493,15 @@ class FastParser(Parser):
         return pos
 
 
+_WHOLE_READ = -2
+
+
 def completing(buf: bytearray, data: bytes) -> int:
-    """How many bytes of ``data`` complete the message begun in ``buf``; -1 if they do not, or it is none."""
+    """How many bytes of ``data`` complete the message begun in ``buf``.
+
+    :data:`_WHOLE_READ` when the message needs all of ``data`` and more; -1 when
+    it cannot tell (an incomplete control line) or ``buf`` holds no message.
+    """
     eol = buf.find(b"\r\n")
     if eol < 0:
         more = data.find(b"\r\n", 0, 4096)
@@ -505,7 +515,9 @@ def completing(buf: bytearray, data: bytes) -> int:
     if op not in (b"HMSG", b"MSG") or not parts[-1].isdigit():
         return -1
     taken = eol + 2 + int(parts[-1]) + 2 - len(buf)
-    return taken if 0 <= taken <= len(data) else -1
+    if taken > len(data):
+        return _WHOLE_READ
+    return taken if taken >= 0 else -1
 
 
 class ChunkReader(asyncio.StreamReader):
@@ -528,12 +540,13 @@ class ChunkReader(asyncio.StreamReader):
         return reader
 
     def feed_data(self, data: Iterable[SupportsIndex]) -> None:
+        state: Any = self  # asyncio's private flow-control fields, which typeshed does not declare
+        assert not state._eof, "feed_data after feed_eof"
         chunk = data if type(data) is bytes else bytes(data)
         if not chunk:
             return
         self._chunks.append(chunk)
         self._held += len(chunk)
-        state: Any = self  # asyncio's private flow-control fields, which typeshed does not declare
         state._wakeup_waiter()
         if state._transport is not None and not state._paused and self._held > 2 * state._limit:
             try:
@@ -598,7 +611,7 @@ class ReadConnection(Connection):
         """nats-py's read loop, taking whole socket reads (up to 256 KiB) as they came instead of 32 KiB copies.
 
         A bulk read then costs a quarter of the parser calls and wake-ups, and
-        no copies (:class:`ChunkReader`). The stream reader's limit (32 KiB,
+        no copies unless several reads wait at once (:class:`ChunkReader`). The stream reader's limit (32 KiB,
         set by nats-py) is raised to match, or it would stop reading the socket
         at 64 KiB buffered.
         """
@@ -606,7 +619,9 @@ class ReadConnection(Connection):
         chunks: ChunkReader | None = None
         if isinstance(reader, asyncio.StreamReader):
             reader._limit = max(reader._limit, _READ_SIZE)  # type: ignore[attr-defined] # private in typeshed
-            if type(reader) is asyncio.StreamReader:  # not another transport's own reader
+            if isinstance(reader, ChunkReader):  # this loop ran on it before
+                chunks = reader
+            elif type(reader) is asyncio.StreamReader:  # not another transport's own reader
                 chunks = ChunkReader.install(reader)
         while True:
             try:
