@@ -393,6 +393,8 @@ class FastParser(Parser):
     -ERR, ...) goes to the original parser.
     """
 
+    odd = False  # the last framing stopped at a control line of another layout than the server's
+
     async def parse(self, data: bytes = b"") -> None:
         if self.state != AWAITING_CONTROL_LINE:
             await super().parse(data)
@@ -417,7 +419,8 @@ class FastParser(Parser):
         buf[:] = view[pos:]  # what the next chunk completes (usually less than one message)
         for inbox, got in received.items():
             inbox.add(got)  # also wakes the reader for natively framed runs
-        if buf and not (buf.startswith(b"HMSG ") or buf.startswith(b"MSG ")):
+        if buf and (self.odd or not (buf.startswith(b"HMSG ") or buf.startswith(b"MSG "))):
+            self.odd = False
             await super().parse()
 
     async def _frame(self, view: bytes, pos: int, received: dict[Inbox, list[Raw]]) -> int:
@@ -458,7 +461,11 @@ class FastParser(Parser):
                     subject, sid, header_len, total_len = parts
                     reply = None
                 else:
-                    break  # malformed: the original parser reports it
+                    self.odd = True  # not our layout: the original parser takes it (or reports it)
+                    break
+                if not (header_len.isdigit() and total_len.isdigit()):
+                    self.odd = True
+                    break
                 start = eol + 2
                 split = start + int(header_len)
             elif view.startswith(b"MSG ", pos):
@@ -472,6 +479,10 @@ class FastParser(Parser):
                     subject, sid, total_len = parts
                     reply = None
                 else:
+                    self.odd = True
+                    break
+                if not total_len.isdigit():
+                    self.odd = True
                     break
                 start = split = eol + 2
             else:

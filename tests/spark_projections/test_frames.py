@@ -169,6 +169,9 @@ def test_malformed_frames_are_left_to_python_not_misread() -> None:
     assert payload == [body.decode()]
 
 
+STATUS = b"HMSG _INBOX.x 7 32 32\r\nNATS/1.0 408 Request Timeout\r\n\r\n\r\n"
+
+
 def parse_in_chunks(data: bytes, cuts: list[int], *, native: bool) -> list[tuple[int, str]]:
     """Feed ``data`` to the connection's parser in pieces cut at ``cuts``; (position, payload) of what it routed."""
     nc = _range_reader.ReadConnection(native=native)
@@ -207,9 +210,22 @@ def test_the_parser_routes_every_message_once_however_the_reads_are_cut(
     middle = stream.find(b"HMSG", len(stream) // 2)
     middle = len(stream) if middle < 0 else middle
     other = b"MSG _INBOX.other 9 5\r\nhello\r\n"
-    status = b"HMSG _INBOX.x 7 32 32\r\nNATS/1.0 408 Request Timeout\r\n\r\n\r\n"
-    stream = stream[:middle] + other + status + stream[middle:]
+    stream = stream[:middle] + other + STATUS + stream[middle:]
     cuts = data.draw(st.lists(st.integers(1, len(stream) - 1), max_size=8))
     whole = _batches.Converter(SUBJECT_PREFIX, ("position", "payload")).convert(python).to_pylist()
     expected = [(row["position"], row["payload"]) for row in whole]
     assert parse_in_chunks(stream, cuts, native=native) == expected
+
+
+def test_a_control_line_of_another_layout_goes_to_the_original_parser_and_the_reads_go_on() -> None:
+    commits = [{"category": "Cart", "entity": f"c{i}", "events": [("Opened", 1, str(i))], "correlation": None,
+                "causation": None, "msg_id": True} for i in range(3)]
+    stream, python = build(commits)  # type: ignore[arg-type]
+    first = stream.index(b"HMSG", 1)
+    # nats-py's parser accepts a doubled space between the lengths; the fast path does not frame it.
+    odd = stream[:first].replace(b" %d %d\r\n" % (len(python.headers[0]), len(python.headers[0]) + len(python.bodies[0])),
+                                 b" %d  %d\r\n" % (len(python.headers[0]), len(python.headers[0]) + len(python.bodies[0])))
+    assert odd != stream[:first]
+    for native in (True, False):
+        routed = parse_in_chunks(odd + stream[first:] + STATUS, [], native=native)
+        assert [position for position, _ in routed] == python.positions
