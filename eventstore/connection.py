@@ -111,13 +111,12 @@ class Connection(Client):
         async def on_error(exc: Exception) -> None:
             if hopeless:
                 return  # closing after giving up: nothing the caller needs to hear
-            reason = _hopeless(exc) if opening else None
+            reason = _hopeless(exc)
             if reason is not None:
                 hopeless.append(reason)
                 self.options["allow_reconnect"] = False  # nats-py then raises instead of trying again
             await callback(exc)
 
-        opening = True
         try:
             await self.connect(servers, **{**options, "error_cb": on_error})
         except Exception as exc:
@@ -130,7 +129,7 @@ class Connection(Client):
             where = redact_url(",".join(servers))
             raise AuthenticationError(f"Could not connect to NATS at {where}: {hopeless[0]}.") from exc
         finally:
-            opening = False
+            self._error_cb = callback  # connected (or given up): errors from now on are the caller's
 
 
 async def connect(servers: list[str], **options: Any) -> Connection:

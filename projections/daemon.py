@@ -183,7 +183,7 @@ class ProjectionRunner:
                               resume=True)
             except RebuildError:
                 if self.stop_event.is_set():
-                    raise _Stopped from None  # the half-built generation was dropped; readers keep the old model
+                    raise _Stopped from None  # the half-built generation is kept to resume; readers keep the old model
                 raise
             gen = store.claim(self.name, self.owner)
             problem = self._mismatch(gen)

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 from nats.js.kv import KeyValue
 
-from eventstore import EventStore, EventStoreError
+from eventstore import EventStore, ServerUnavailableError
 
 from .applier import Applier, Counters
 from .connection import connect_event_store, lease_key
@@ -188,8 +188,7 @@ async def _rebuild(
     applier = Applier(projection, writer, settings.error_policy or projection.error_policy, counters)
     source = EventSource(es, projection.categories, projection.handled_types)
     batch = settings.rebuild_batch_size
-    progress.start(target)
-    progress.update(writer.checkpoint)
+    progress.start(target, writer.checkpoint)
     switched = False
     try:
         upto = target
@@ -217,8 +216,9 @@ async def _rebuild(
             progress.update(writer.checkpoint, upto)
             await asyncio.sleep(0)
     except BaseException as exc:
-        # A projection error would recur on resume: drop the shadow. An interruption keeps it to resume.
-        interrupted = (stop.is_set() or lease.lost.is_set() or isinstance(exc, EventStoreError)
+        # A projection error or a malformed commit would recur on resume: drop the shadow. An
+        # interruption (a stop, a lost lease or server, a killed task) keeps it to resume.
+        interrupted = (stop.is_set() or lease.lost.is_set() or isinstance(exc, ServerUnavailableError)
                        or not isinstance(exc, Exception))
         if not switched:
             _abandon(rm, writer, owner, keep=interrupted)

@@ -20,7 +20,6 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from nats.errors import Error as NatsError
 
 from eventstore import EventStore, EventStoreError
 
@@ -127,7 +126,7 @@ async def _status(s: StoredStatus, settings: ProjectionSettings, es: EventStore 
     if es is not None and last is not None and live is not None:
         try:
             lag_commits, lag_s = await _lag(es, live.definition.get("categories"), checkpoint, last)
-        except (EventStoreError, NatsError):  # the server did not answer: leave the lag unknown
+        except EventStoreError:  # the server did not answer: leave the lag unknown
             pass
     return ProjectionStatus(
         projection=s.projection,

@@ -93,6 +93,7 @@ class Commits:
 _VIEW = 16  # bytes of one Arrow binary view
 
 
+@dataclass(slots=True)
 class Frames:
     """Commits framed by the native scanner: Arrow binary views into the bytes they arrived in.
 
@@ -102,22 +103,15 @@ class Frames:
     body without copying them; the Python path handles any other frame.
     """
 
-    __slots__ = ("data", "count", "first_dseq", "last_dseq", "pending", "several", "positions", "views", "present")
-    # present: (correlation, causation) bytes, 1 where a commit has that optional header
-
-    def __init__(
-        self, data: bytes, count: int, first_dseq: int, last_dseq: int, pending: int, several: bool,
-        positions: bytes, views: tuple[bytes, ...], present: tuple[bytes, bytes],
-    ) -> None:
-        self.data = data
-        self.count = count
-        self.first_dseq = first_dseq
-        self.last_dseq = last_dseq
-        self.pending = pending
-        self.several = several  # some commit holds several events
-        self.positions = positions
-        self.views = views  # per column (see the constants above), 16 bytes per commit
-        self.present = present
+    data: bytes
+    count: int
+    first_dseq: int
+    last_dseq: int
+    pending: int
+    several: bool  # some commit holds several events
+    positions: bytes
+    views: tuple[bytes, ...]  # per column (see the constants above), 16 bytes per commit
+    present: tuple[bytes, bytes]  # (correlation, causation): 1 where a commit has that optional header
 
     @classmethod
     def scan(

@@ -33,6 +33,11 @@ def tables_in(path: Path) -> set[str]:
         return {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
 
 
+def generation_tables(path: Path) -> set[str]:
+    """The generation tables (``<table>__g<n>``) in the read-model database."""
+    return {t for t in tables_in(path) if "__g" in t}
+
+
 def count_rows(path: Path) -> int:
     with sqlite3.connect(path) as conn:
         return int(conn.execute("SELECT count(*) FROM balances").fetchone()[0])
@@ -128,7 +133,7 @@ async def test_killed_rebuild_leaves_the_old_model_and_the_next_rebuild_succeeds
     result = await rebuild(AccountBalancesV2(), psettings, event_store=es)
     assert result.generation == 3
     assert dump(psettings, "account_balances") == await memory_fold(AccountBalancesV2(), es)
-    assert {t for t in tables_in(psettings.database) if "__g" in t} == {"balances__g3", "closures__g3"}
+    assert generation_tables(psettings.database) == {"balances__g3", "closures__g3"}
 
 
 async def test_version_bump_rebuilds_on_start_and_other_mismatches_are_refused(
@@ -227,7 +232,7 @@ async def test_sigterm_keeps_a_rebuilds_progress_and_resumed_rebuilds_go_on_from
     result = await rebuild(AccountBalancesV2(), psettings, event_store=es, resume=True)
     assert (result.generation, result.checkpoint, result.events) == (2, total, left)
     assert dump(psettings, "account_balances") == await memory_fold(AccountBalancesV2(), es)
-    assert {t for t in tables_in(psettings.database) if "__g" in t} == {"balances__g2", "closures__g2"}
+    assert generation_tables(psettings.database) == {"balances__g2", "closures__g2"}
 
 
 async def test_a_rebuild_without_resume_starts_over_and_a_changed_definition_is_not_resumed(
@@ -251,7 +256,7 @@ async def test_a_rebuild_without_resume_starts_over_and_a_changed_definition_is_
     result = await rebuild(V3(), psettings, event_store=es, resume=True)
     assert result.generation == 3 and result.checkpoint == await es.last_position()
     assert dump(psettings, "account_balances") == await memory_fold(V3(), es)
-    assert {t for t in tables_in(psettings.database) if "__g" in t} == {"balances__g3", "closures__g3"}
+    assert generation_tables(psettings.database) == {"balances__g3", "closures__g3"}
 
     # Without resume, a rebuild starts over even when a kept shadow would fit.
     class SlowV4(SlowBalances):
