@@ -9,7 +9,7 @@ nats-py connection) and ``errors.py``.
 """
 
 from .append import MAX_ENTITIES_PER_APPEND, EntityAppend
-from .consumer import OrderedPull, create_replay_consumer
+from .consumer import OrderedPull, create_replay_consumer, delete_consumer, delete_consumer_later
 from .errors import (
     AuthenticationError,
     ConcurrencyError,
@@ -66,6 +66,8 @@ __all__ = [
     "create_replay_consumer",
     "decode_commit",
     "decode_entity_id",
+    "delete_consumer",
+    "delete_consumer_later",
     "encode_commit",
     "encode_entity_id",
     "find_nats_server",

@@ -25,13 +25,31 @@ from nats.aio.subscription import Subscription
 
 from .errors import ServerUnavailableError
 
-__all__ = ["OrderedPull", "StoredMsg", "create_replay_consumer"]
+__all__ = ["OrderedPull", "StoredMsg", "create_replay_consumer", "delete_consumer", "delete_consumer_later"]
 
 StoredMsg = tuple[int, Msg]
 """A stream message with its stream sequence."""
 
 _NS = 1_000_000_000
 _background: set[asyncio.Future[None]] = set()
+
+
+async def delete_consumer(nc: NATS, stream: str, name: str, *, api_prefix: str = "$JS.API") -> None:
+    """Ask the server to delete consumer ``name``, without waiting for or needing an answer.
+
+    Never raises: the connection may be gone, and an ephemeral consumer expires by itself.
+    """
+    try:
+        await nc.publish(f"{api_prefix}.CONSUMER.DELETE.{stream}.{name}", b"")
+    except Exception:  # noqa: BLE001 - see the docstring
+        pass
+
+
+def delete_consumer_later(nc: NATS, stream: str, name: str, *, api_prefix: str = "$JS.API") -> None:
+    """:func:`delete_consumer` in the background (the task is kept referenced until it is done)."""
+    task = asyncio.ensure_future(delete_consumer(nc, stream, name, api_prefix=api_prefix))
+    _background.add(task)
+    task.add_done_callback(_background.discard)
 
 
 async def create_replay_consumer(
@@ -182,17 +200,7 @@ class OrderedPull:
     def _delete_consumer(self) -> None:
         if self._consumer and not self._nc.is_closed:
             name, self._consumer = self._consumer, ""
-            # Fire and forget (the consumer also expires by itself when inactive); keep
-            # a reference so the task is not garbage-collected half-way.
-            task = asyncio.ensure_future(self._quiet_publish(f"{self._api}.CONSUMER.DELETE.{self._stream}.{name}"))
-            _background.add(task)
-            task.add_done_callback(_background.discard)
-
-    async def _quiet_publish(self, subject: str) -> None:
-        try:
-            await self._nc.publish(subject, b"")
-        except Exception:  # noqa: BLE001 - the connection may be gone; the consumer expires anyway
-            pass
+            delete_consumer_later(self._nc, self._stream, name, api_prefix=self._api)
 
     async def _create_consumer(self) -> None:
         self._delete_consumer()

@@ -23,7 +23,7 @@ from .consumer import OrderedPull, StoredMsg
 from .events import RecordedEvent
 from .registry import TypeRegistry
 from .settings import EventStoreSettings
-from .streams import StreamId, validate_category
+from .streams import StreamId, filter_subjects
 from .wire import Header, decode_commit
 
 __all__ = ["Reader"]
@@ -43,9 +43,7 @@ class Reader:
 
     def filter_subjects(self, categories: Sequence[str] | None) -> list[str]:
         """The subject filters for ``categories`` (all events when None)."""
-        if not categories:
-            return [f"{self._prefix}.>"]
-        return [f"{self._prefix}.{validate_category(c)}.*" for c in categories]
+        return filter_subjects(self._prefix, categories)
 
     def decode(self, seq: int, msg: Msg) -> list[RecordedEvent]:
         """Decode one stream message (from a consumer) into its events."""

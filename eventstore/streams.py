@@ -15,12 +15,13 @@ Every entity has its own subject, ``<prefix>.<Category>.<entity id>``.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from urllib.parse import unquote
 
 from .errors import InvalidStreamIdError
 
-__all__ = ["StreamId", "decode_entity_id", "encode_entity_id", "validate_category"]
+__all__ = ["StreamId", "decode_entity_id", "encode_entity_id", "filter_subjects", "validate_category"]
 
 _CATEGORY = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
 _MAX_ID_LENGTH = 256
@@ -62,6 +63,13 @@ def encode_entity_id(entity_id: str) -> str:
 def decode_entity_id(token: str) -> str:
     """Turn a subject token written by :func:`encode_entity_id` back into the entity id."""
     return unquote(token) if "%" in token else token
+
+
+def filter_subjects(prefix: str, categories: Sequence[str] | None) -> list[str]:
+    """The subject filters that select ``categories``' events under ``prefix`` (all events when None or empty)."""
+    if not categories:
+        return [f"{prefix}.>"]
+    return [f"{prefix}.{validate_category(c)}.*" for c in categories]
 
 
 @dataclass(frozen=True, slots=True)

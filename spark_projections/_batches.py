@@ -11,9 +11,8 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypeAlias
-from urllib.parse import unquote
 
 import numpy as np
 import pyarrow as pa
@@ -21,15 +20,12 @@ import pyarrow.compute as pc
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
 
-from eventstore import EventDecodeError
+from eventstore import EventDecodeError, Header, decode_entity_id
 
 try:
     from spark_projections import _frames
 except ImportError:  # not built where this was installed (no C compiler): the Python framing does it all
     _frames = None  # type: ignore[assignment]
-
-NATIVE = _frames is not None
-"""Whether the native scanner was built (else every message is framed in Python)."""
 
 EVENTS_SCHEMA = StructType(
     [
@@ -91,6 +87,13 @@ class Commits:
 (_SUBJECT, _TYPE_COLUMN, _SCHEMA_COLUMN, _EVENT_ID_COLUMN, _VERSION_COLUMN, _RECORDED_COLUMN, _CORRELATION_COLUMN,
  _CAUSATION_COLUMN, _PAYLOAD, _CATEGORY, _ENTITY) = range(11)
 _VIEW = 16  # bytes of one Arrow binary view
+if _frames is not None and (_frames.COLUMNS, _frames.VIEW_SIZE) != (_ENTITY + 1, _VIEW):
+    # A scanner built from another version of _frames.c: frame everything in Python rather than misread.
+    _frames = None  # type: ignore[assignment]
+
+
+NATIVE = _frames is not None
+"""Whether the native scanner was built, for this version (else every message is framed in Python)."""
 
 
 @dataclass(slots=True)
@@ -130,8 +133,7 @@ class Frames:
 
     def head(self, keep: int) -> Frames:
         """The first ``keep`` commits."""
-        return Frames(self.data, keep, self.first_dseq, self.first_dseq + keep - 1, self.pending,
-                       self.several, self.positions, self.views, self.present)
+        return replace(self, count=keep, last_dseq=self.first_dseq + keep - 1)
 
     def position_list(self) -> Sequence[int]:
         return memoryview(self.positions).cast("q")[: self.count]
@@ -184,21 +186,19 @@ def _header_re(name: str) -> re.Pattern[bytes]:
     return re.compile(rb"\r\n" + re.escape(name.encode()) + rb":[ \t]*([^\r]*)")
 
 
-_TYPE = _header_re("Es-Type")
-_SCHEMA_VERSION = _header_re("Es-Schema-Version")
-_EVENT_ID = _header_re("Es-Event-Id")
-_VERSION = _header_re("Es-Version")
-_RECORDED_AT = _header_re("Es-Recorded-At")
-_CORRELATION_ID = _header_re("Es-Correlation-Id")
-_CAUSATION_ID = _header_re("Es-Causation-Id")
+_TYPE = _header_re(Header.TYPE)
+_SCHEMA_VERSION = _header_re(Header.SCHEMA_VERSION)
+_EVENT_ID = _header_re(Header.EVENT_ID)
+_VERSION = _header_re(Header.VERSION)
+_RECORDED_AT = _header_re(Header.RECORDED_AT)
+_CORRELATION_ID = _header_re(Header.CORRELATION_ID)
+_CAUSATION_ID = _header_re(Header.CAUSATION_ID)
 _SEPARATOR = b"\r\n\x00"  # between header blocks: no header value can span it
 _OTHER_HEADERS = frozenset({"schema_version", "event_id", "version", "recorded_at"})
 # The five required headers in the order eventstore.wire.encode_commit writes them: one
 # pass over a batch's headers instead of five. Any other layout takes the slower path.
-_WRITER_LAYOUT = re.compile(
-    rb"\r\nEs-Type: ([^\r]*)\r\nEs-Schema-Version: ([^\r]*)\r\nEs-Event-Id: ([^\r]*)"
-    rb"\r\nEs-Version: ([^\r]*)\r\nEs-Recorded-At: ([^\r]*)"
-)
+_REQUIRED = (Header.TYPE, Header.SCHEMA_VERSION, Header.EVENT_ID, Header.VERSION, Header.RECORDED_AT)
+_WRITER_LAYOUT = re.compile(b"".join(rb"\r\n" + re.escape(name.encode()) + rb": ([^\r]*)" for name in _REQUIRED))
 
 
 Values: TypeAlias = "Sequence[bytes] | pa.Array"
@@ -318,20 +318,20 @@ class Converter:
             if "stream_id" in want:
                 columns["stream_id"] = pc.binary_join_element_wise(columns["category"], columns["entity_id"], "/")
         if "version" in want or several:
-            columns["last_version"] = _ints(fields.versions(), pa.int64(), fields.where)
+            columns["last_version"] = _cast(fields.versions(), pa.int64(), Header.VERSION, fields.where)
         if "correlation_id" in want:
             columns["correlation_id"] = fields.correlation()
         if "causation_id" in want:
             columns["causation_id"] = fields.causation()
         if "recorded_at" in want:
-            columns["recorded_at"] = _timestamps(fields.recorded(), fields.where)
+            columns["recorded_at"] = _cast(fields.recorded(), _TIMESTAMP, Header.RECORDED_AT, fields.where)
         if several:
             return self._batch(_expand(columns, fields), count)
         # One event per commit (the common case): every column is per commit already.
         if "type" in want:
             columns["type"] = _text(fields.types())
         if "schema_version" in want:
-            columns["schema_version"] = _ints(fields.schemas(), pa.int32(), fields.where)
+            columns["schema_version"] = _cast(fields.schemas(), pa.int32(), Header.SCHEMA_VERSION, fields.where)
         if "event_id" in want:
             columns["event_id"] = _text(fields.event_ids())
         if "payload" in want:
@@ -364,7 +364,7 @@ def _unescape(tokens: pa.Array) -> pa.Array:
     escaped = pc.match_substring(tokens, "%")
     if not pc.any(escaped).as_py():
         return tokens
-    decoded = [unquote(token) for token in pc.filter(tokens, escaped).to_pylist()]
+    decoded = [decode_entity_id(token) for token in pc.filter(tokens, escaped).to_pylist()]
     return pc.replace_with_mask(tokens, escaped, pa.array(decoded, pa.string()))
 
 
@@ -397,7 +397,7 @@ def _expand(commit: dict[str, pa.Array], fields: Fields) -> dict[str, pa.Array]:
             "index": index.cast(pa.int32()),
             "version": version,
             "type": _text(pc.list_flatten(type_lists)),
-            "schema_version": _ints(split["schema versions"], pa.int32(), fields.where),
+            "schema_version": _cast(split["schema versions"], pa.int32(), Header.SCHEMA_VERSION, fields.where),
             "event_id": _text(split["event ids"]),
             "payload": _text(split["body lines"]),
         }
@@ -417,21 +417,17 @@ def _text(values: Sequence[bytes | None] | pa.Array) -> pa.Array:
     return pa.array(values, pa.binary()).cast(pa.string())
 
 
-def _ints(values: Sequence[bytes] | pa.Array, arrow_type: pa.DataType, where: Callable[[int], str]) -> pa.Array:
+_TIMESTAMP = pa.timestamp("us", tz="UTC")
+
+
+def _cast(values: Sequence[bytes] | pa.Array, arrow_type: pa.DataType, header: str,
+          where: Callable[[int], str]) -> pa.Array:
+    """The values of ``header`` as ``arrow_type``; a clear error naming the header and the commits if one is not."""
     try:
         return _text(values).cast(arrow_type)
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
         raise EventDecodeError(
-            f"A commit between {where(0)} and {where(-1)} carries a malformed version header: {exc}"
-        ) from exc
-
-
-def _timestamps(values: Sequence[bytes] | pa.Array, where: Callable[[int], str]) -> pa.Array:
-    try:
-        return _text(values).cast(pa.timestamp("us", tz="UTC"))
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-        raise EventDecodeError(
-            f"A commit between {where(0)} and {where(-1)} carries a malformed Es-Recorded-At header: {exc}"
+            f"A commit between {where(0)} and {where(-1)} carries a malformed {header} header: {exc}"
         ) from exc
 
 
@@ -446,8 +442,7 @@ def _optional(pattern: re.Pattern[bytes], name: bytes, blob: bytes, blocks: Sequ
 
 
 def _raise_malformed(commits: Commits) -> None:
-    required = ((_TYPE, "Es-Type"), (_SCHEMA_VERSION, "Es-Schema-Version"), (_EVENT_ID, "Es-Event-Id"),
-                (_VERSION, "Es-Version"), (_RECORDED_AT, "Es-Recorded-At"))
+    required = tuple(zip((_TYPE, _SCHEMA_VERSION, _EVENT_ID, _VERSION, _RECORDED_AT), _REQUIRED))
     for i, headers in enumerate(commits.headers):
         for pattern, name in required:
             if len(pattern.findall(headers)) != 1:

@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from eventstore import ConnectionSecurity
 from eventstore.security import check_url_credentials, redact_url
-from eventstore.streams import validate_category
+from eventstore.streams import filter_subjects, validate_category
 from spark_projections.errors import EventSourceError
 
 DEFAULT_BATCH = 5000
@@ -72,9 +72,7 @@ class Options:
 
     @property
     def filter_subjects(self) -> list[str]:
-        if not self.categories:
-            return [f"{self.subject_prefix}.>"]
-        return [f"{self.subject_prefix}.{c}.*" for c in self.categories]
+        return filter_subjects(self.subject_prefix, self.categories)
 
 
 def _problems(exc: ValidationError) -> str:

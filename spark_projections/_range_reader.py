@@ -24,7 +24,14 @@ import pyarrow as pa
 from nats import errors
 from nats.protocol.parser import AWAITING_CONTROL_LINE, Parser
 
-from eventstore import AuthenticationError, ServerUnavailableError, connect_options, create_replay_consumer
+from eventstore import (
+    AuthenticationError,
+    ServerUnavailableError,
+    connect_options,
+    create_replay_consumer,
+    delete_consumer,
+    delete_consumer_later,
+)
 from eventstore.connection import Connection
 from spark_projections._batches import EVENTS_SCHEMA, NATIVE, Commits, Converter, Frames, Part
 from spark_projections._options import Options
@@ -172,7 +179,7 @@ class RangePull:
         finally:
             nc.unroute(sub._id)
             if self._consumer and not nc.is_closed:
-                await quiet_publish(nc, f"$JS.API.CONSUMER.DELETE.{self._opts.stream}.{self._consumer.decode()}")
+                await delete_consumer(nc, self._opts.stream, self._consumer.decode())
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
 
@@ -222,7 +229,7 @@ class RangePull:
         # Every reply is "$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<timestamp>.
         # <pending>": with our consumer's prefix cut off, five numbers each, split in one go.
         joined = b"\n".join(replies)
-        prefix = b"$JS.ACK." + self._opts.stream.encode() + b"." + self._consumer + b"."
+        prefix = self._inbox.ack_prefix
         numbers = joined.replace(prefix, b"").replace(b"\n", b".").split(b".")
         last = self._last_dseq
         if (
@@ -308,7 +315,7 @@ class RangePull:
         if self._consumer and not self._nc.is_closed:
             # Fire and forget: an inactive consumer also expires by itself.
             name = self._consumer.decode()
-            asyncio.ensure_future(quiet_publish(self._nc, f"$JS.API.CONSUMER.DELETE.{self._opts.stream}.{name}"))
+            delete_consumer_later(self._nc, self._opts.stream, name)
         self._consumer = b""
         self._inbox.ack_prefix = b""  # the native scanner leaves an old consumer's messages to the careful path
         opts = self._opts
@@ -328,11 +335,6 @@ class RangePull:
         self._inbox.ack_prefix = b"$JS.ACK." + opts.stream.encode() + b"." + self._consumer + b"."
         self._reset = False
         self._last_activity = time.monotonic()
-
-
-async def quiet_publish(nc: ReadConnection, subject: str) -> None:
-    with contextlib.suppress(Exception):
-        await nc.publish(subject, b"")
 
 
 Raw = tuple[bytes, "bytes | None", bytes, bytes]
@@ -393,8 +395,6 @@ class FastParser(Parser):
     -ERR, ...) goes to the original parser.
     """
 
-    odd = False  # the last framing stopped at a control line of another layout than the server's
-
     async def parse(self, data: bytes = b"") -> None:
         if self.state != AWAITING_CONTROL_LINE:
             await super().parse(data)
@@ -413,18 +413,21 @@ class FastParser(Parser):
                 view = bytes(buf) + data  # the message needs more than this read (or is not one)
             else:
                 head = bytes(buf) + data[:taken]
-                end = await self._frame(head, 0, received)
+                end, _ = await self._frame(head, 0, received)
                 view, pos = (data, taken) if end == len(head) else (head[end:] + data[taken:], 0)
-        pos = await self._frame(view, pos, received)
+        pos, foreign = await self._frame(view, pos, received)
         buf[:] = view[pos:]  # what the next chunk completes (usually less than one message)
         for inbox, got in received.items():
             inbox.add(got)  # also wakes the reader for natively framed runs
-        if buf and (self.odd or not (buf.startswith(b"HMSG ") or buf.startswith(b"MSG "))):
-            self.odd = False
+        if buf and (foreign or not (buf.startswith(b"HMSG ") or buf.startswith(b"MSG "))):
             await super().parse()
 
-    async def _frame(self, view: bytes, pos: int, received: dict[Inbox, list[Raw]]) -> int:
-        """Frame the complete messages of ``view[pos:]`` into ``received`` (or nats-py); where it stopped."""
+    async def _frame(self, view: bytes, pos: int, received: dict[Inbox, list[Raw]]) -> tuple[int, bool]:
+        """Frame the complete messages of ``view[pos:]`` into ``received`` (or nats-py).
+
+        Returns where it stopped, and whether that is a control line of another
+        layout than the server's, for the original parser to take (or report).
+        """
         size = len(view)
         routes = self.nc._routes
         native = self.nc.native
@@ -461,11 +464,9 @@ class FastParser(Parser):
                     subject, sid, header_len, total_len = parts
                     reply = None
                 else:
-                    self.odd = True  # not our layout: the original parser takes it (or reports it)
-                    break
+                    return pos, True
                 if not (header_len.isdigit() and total_len.isdigit()):
-                    self.odd = True
-                    break
+                    return pos, True
                 start = eol + 2
                 split = start + int(header_len)
             elif view.startswith(b"MSG ", pos):
@@ -479,11 +480,9 @@ class FastParser(Parser):
                     subject, sid, total_len = parts
                     reply = None
                 else:
-                    self.odd = True
-                    break
+                    return pos, True
                 if not total_len.isdigit():
-                    self.odd = True
-                    break
+                    return pos, True
                 start = split = eol + 2
             else:
                 break  # another operation: the original parser's
@@ -501,7 +500,7 @@ class FastParser(Parser):
                 routed_sid = sid
                 rows = received.setdefault(inbox, [])
             rows.append((subject, reply, view[start:split], view[split:end]))
-        return pos
+        return pos, False
 
 
 _WHOLE_READ = -2
