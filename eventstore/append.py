@@ -135,23 +135,24 @@ class Appender:
         if len(self._known) > self._cache_size:
             self._known.popitem(last=False)
 
-    async def direct_get(self, payload: dict[str, object]) -> list[Msg]:
-        """One direct get batch request; returns the data messages (the trailing status is dropped)."""
+    async def direct_get(self, payload: dict[str, object], *, what: str) -> list[Msg]:
+        """One direct get batch request for the operation ``what``; returns the data messages (not the status)."""
         msgs = await self._inbox.request(
             f"$JS.API.DIRECT.GET.{self._settings.stream}",
             json.dumps(payload).encode(),
             self._settings.request_timeout_s,
+            what=what,
             many=True,
         )
         status = (msgs[-1].headers or {}).get(Header.STATUS, "")
         if status not in ("204", "404"):
-            raise ServerUnavailableError(f"Direct get on stream {self._settings.stream!r} failed with status {status}.")
+            raise ServerUnavailableError(f"{what}: the server answered with status {status}.")
         return msgs[:-1]
 
     async def state(self, stream_id: StreamId) -> StreamState:
         """The entity's current version and last position, read from the server (0, 0 without events)."""
         subject = stream_id.subject(self._settings.subject_prefix)
-        msgs = await self.direct_get({"multi_last": [subject], "batch": 1})
+        msgs = await self.direct_get({"multi_last": [subject], "batch": 1}, what=f"Reading the version of {stream_id}")
         if not msgs:
             return StreamState(stream_id, 0, 0)
         headers = msgs[0].headers or {}
@@ -161,7 +162,7 @@ class Appender:
 
     async def find_append(self, stream_id: StreamId, idempotency_key: str) -> AppendResult | None:
         """The commit an earlier append with ``idempotency_key`` stored on this entity, if any."""
-        async for msgs in self.subject_pages(stream_id.subject(self._settings.subject_prefix)):
+        async for msgs in self.subject_pages(stream_id.subject(self._settings.subject_prefix), what=f"Searching {stream_id}"):
             for msg in msgs:
                 headers = msg.headers or {}
                 msg_id = headers.get(Header.MSG_ID, "")
@@ -171,11 +172,13 @@ class Appender:
                     return AppendResult(stream_id, int(headers[Header.SEQUENCE]), last - count + 1, last, True)
         return None
 
-    async def subject_pages(self, subject: str, from_seq: int = 1, page: int = 1000) -> AsyncIterator[list[Msg]]:
-        """Every message on ``subject`` from ``from_seq`` on, in pages of direct get batches."""
+    async def subject_pages(
+        self, subject: str, from_seq: int = 1, page: int = 1000, *, what: str
+    ) -> AsyncIterator[list[Msg]]:
+        """Every message on ``subject`` from ``from_seq`` on, in pages of direct get batches, for the operation ``what``."""
         seq = from_seq
         while True:
-            msgs = await self.direct_get({"seq": seq, "next_by_subj": subject, "batch": page})
+            msgs = await self.direct_get({"seq": seq, "next_by_subj": subject, "batch": page}, what=what)
             if msgs:
                 yield msgs
             if not msgs or (msgs[-1].headers or {}).get(Header.NUM_PENDING, "0") == "0":
@@ -302,7 +305,8 @@ class Appender:
                 for c, (headers, body) in zip(commits[:-1], encoded[:-1]):
                     await self._nc.publish(c.subject, body, headers=headers)
                 (reply,) = await self._inbox.request(
-                    commits[-1].subject, encoded[-1][1], self._settings.request_timeout_s, headers=encoded[-1][0]
+                    commits[-1].subject, encoded[-1][1], self._settings.request_timeout_s, headers=encoded[-1][0],
+                    what=f"Appending to {commits[-1].request.stream_id}",
                 )
             except (NatsError, ServerUnavailableError) as exc:
                 if attempt + 1 < attempts:
@@ -346,11 +350,13 @@ class Appender:
         positions = []
         for c in commits:
             if c.prev_position >= 0:
-                msgs = await self.direct_get({"seq": c.prev_position + 1, "next_by_subj": c.subject, "batch": 1})
+                msgs = await self.direct_get(
+                    {"seq": c.prev_position + 1, "next_by_subj": c.subject, "batch": 1}, what=f"Checking the append to {c.request.stream_id}"
+                )
             else:  # the expected position is unknown: search the entity's commits for ours
                 msgs = [
                     m
-                    async for page in self.subject_pages(c.subject)
+                    async for page in self.subject_pages(c.subject, what=f"Checking the append to {c.request.stream_id}")
                     for m in page
                     if (m.headers or {}).get(Header.MSG_ID) == c.msg_id
                 ]
@@ -362,7 +368,9 @@ class Appender:
     async def _read_stored(self, commits: list[_Commit], positions: list[int]) -> list[int]:
         """Adopt the versions of commits the server reported as duplicates (stored by an earlier call)."""
         for c, position in zip(commits, positions):
-            msgs = await self.direct_get({"seq": position, "next_by_subj": c.subject, "batch": 1})
+            msgs = await self.direct_get(
+                {"seq": position, "next_by_subj": c.subject, "batch": 1}, what=f"Reading the append to {c.request.stream_id}"
+            )
             if not msgs:
                 raise EventStoreError(f"The server reported a duplicate at position {position}, but it cannot be read.")
             self._adopt_stored(c, msgs[0])

@@ -7,8 +7,11 @@ header block with byte-level operations and returns the same dictionary.
 
 It also gives up at once on a first connection that retrying cannot fix (the
 server rejected the credentials, or TLS failed), where nats-py would retry until
-its attempts run out and then report "no servers available"; and it refuses a
-server without TLS when TLS was asked for.
+its attempts run out and then report "no servers available"; it refuses a
+server without TLS when TLS was asked for; and it bounds the whole first
+connection, which nats-py does not: each attempt may wait ``connect_timeout``
+for each step of the handshake (INFO, TLS, PONG), and a server that accepts the
+connection but stays silent would be tried again for every attempt.
 """
 
 from __future__ import annotations
@@ -94,7 +97,7 @@ class Connection(Client):
             raise SecureConnWantedError()
         await super()._process_info(info, initial_connection)
 
-    async def open(self, servers: list[str], **options: Any) -> None:
+    async def open(self, servers: list[str], *, deadline_s: float | None = None, **options: Any) -> None:
         """Connect as nats-py's ``connect()`` does, but raise :class:`AuthenticationError` at once when retrying cannot help.
 
         That is when the server rejects the credentials, the TLS handshake
@@ -103,6 +106,9 @@ class Connection(Client):
         ``options`` say. ``error_cb`` still sees every error of the first
         attempts. In a cluster, one server failing so ends the attempt: the
         others share its credentials and CA.
+
+        With ``deadline_s``, all attempts together end within it (plus a
+        bounded close): :class:`TimeoutError` then says no server answered.
         """
         hopeless: list[str] = []
         # Without an error_cb of the caller's, keep nats-py's default (it logs the error).
@@ -118,22 +124,30 @@ class Connection(Client):
             await callback(exc)
 
         try:
-            await self.connect(servers, **{**options, "error_cb": on_error})
+            async with asyncio.timeout(deadline_s) as deadline:
+                await self.connect(servers, **{**options, "error_cb": on_error})
         except Exception as exc:
-            if not hopeless:
+            if not hopeless and not deadline.expired():
                 raise
-            # Bounded: after a failed TLS handshake asyncio has closed the socket but never tells
-            # the stream nats-py waits on, so its close() would wait forever.
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.close(), _CLOSE_AFTER_FAILURE_S)
+            await self._close_after_failure()
+            if not hopeless:
+                raise TimeoutError(f"no server answered within {deadline_s}s") from exc
             where = redact_url(",".join(servers))
             raise AuthenticationError(f"Could not connect to NATS at {where}: {hopeless[0]}.") from exc
         finally:
             self._error_cb = callback  # connected (or given up): errors from now on are the caller's
 
 
-async def connect(servers: list[str], **options: Any) -> Connection:
-    """Connect a :class:`Connection` like :func:`nats.connect` does, failing fast as :meth:`Connection.open` does."""
+    async def _close_after_failure(self) -> None:
+        # Bounded: after a failed TLS handshake asyncio has closed the socket but never tells
+        # the stream nats-py waits on, so its close() would wait forever.
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(_CLOSE_AFTER_FAILURE_S):
+                await self.close()
+
+
+async def connect(servers: list[str], *, deadline_s: float | None = None, **options: Any) -> Connection:
+    """Connect a :class:`Connection` like :func:`nats.connect` does, failing fast and within ``deadline_s`` as :meth:`Connection.open` does."""
     nc = Connection()
-    await nc.open(servers, **options)
+    await nc.open(servers, deadline_s=deadline_s, **options)
     return nc

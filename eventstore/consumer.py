@@ -23,7 +23,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from .errors import ServerUnavailableError
+from .errors import ServerUnavailableError, map_nats_error, server_unavailable
 
 __all__ = ["OrderedPull", "StoredMsg", "create_replay_consumer", "delete_consumer", "delete_consumer_later"]
 
@@ -62,13 +62,17 @@ async def create_replay_consumer(
     give_up_s: float | None,
     should_stop: Callable[[], bool] = lambda: False,
     api_prefix: str = "$JS.API",
+    what: str | None = None,
 ) -> tuple[str, dict[str, object]]:
     """Create an ephemeral, ack-less, in-memory consumer that delivers from ``start_seq``; (name, info).
 
     Retries with backoff while the server is down or restarting, for up to
-    ``give_up_s`` (None: forever, until ``should_stop()``), then raises
-    :class:`ServerUnavailableError`. Unused, the consumer expires after a minute.
+    ``give_up_s`` (None: forever, until ``should_stop()``; no single request
+    waits past it), then raises :class:`ServerUnavailableError` naming the
+    operation ``what`` (default: reading the stream). Unused, the consumer
+    expires after a minute.
     """
+    what = what or f"Reading stream {stream!r}"
     # Short: the name is in the reply subject of every message the consumer delivers.
     name = secrets.token_urlsafe(9)
     config: dict[str, object] = {
@@ -90,20 +94,22 @@ async def create_replay_consumer(
     deadline = None if give_up_s is None else time.monotonic() + give_up_s
     delay = 0.05
     while True:
+        timeout_s = api_timeout_s if deadline is None else min(api_timeout_s, max(0.05, deadline - time.monotonic()))
         try:
-            reply = await nc.request(subject, body, timeout=api_timeout_s)
+            reply = await nc.request(subject, body, timeout=timeout_s)
             info: dict[str, object] = json.loads(reply.data)
             if "error" in info:
-                raise ServerUnavailableError(f"JetStream refused the consumer: {info['error']}")
+                raise ServerUnavailableError(
+                    f"{what}: JetStream refused the consumer: {info['error']}. Check that the stream exists."
+                )
             return name, info
         except Exception as exc:  # noqa: BLE001 - server down or restarting: retry until give_up_s
             if should_stop():
                 raise
-            if deadline is not None and time.monotonic() > deadline:
-                raise ServerUnavailableError(
-                    f"Could not create a consumer on stream {stream!r}: {exc}. Check that the server "
-                    "is running and the stream exists."
-                ) from exc
+            if deadline is not None and time.monotonic() + delay > deadline:
+                if isinstance(exc, ServerUnavailableError):
+                    raise
+                raise server_unavailable(what, api_timeout_s, exc) from exc
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
 
@@ -115,7 +121,9 @@ class OrderedPull:
     have gaps). ``stop_seq`` ends the read after that sequence, or, with
     ``live=False``, the read ends once no matching message is pending. With
     ``live=True`` it follows new messages forever, surviving server restarts
-    (``give_up_s`` bounds how long a broken server is retried).
+    (``give_up_s`` bounds how long a broken server is retried; by default
+    ``api_timeout_s`` for a read that ends, forever for a live one). Errors are
+    :class:`ServerUnavailableError` naming the operation ``what``.
     """
 
     def __init__(
@@ -132,8 +140,10 @@ class OrderedPull:
         api_timeout_s: float = 5.0,
         give_up_s: float | None = None,
         api_prefix: str = "$JS.API",
+        what: str | None = None,
     ) -> None:
         self._nc = nc
+        self._what = what or f"Reading stream {stream!r}"
         self._stream = stream
         self.next_seq = max(1, start_seq)
         self._filters = list(filter_subjects or [])
@@ -142,7 +152,7 @@ class OrderedPull:
         self._batch = batch
         self._heartbeat_s = heartbeat_s
         self._api_timeout_s = api_timeout_s
-        self._give_up_s = give_up_s if give_up_s is not None else (None if live else 30.0)
+        self._give_up_s = give_up_s if give_up_s is not None else (None if live else api_timeout_s)
         self._api = api_prefix
         self._inbox = nc.new_inbox()
         self._sub: Subscription | None = None
@@ -206,7 +216,7 @@ class OrderedPull:
         self._delete_consumer()
         name, info = await create_replay_consumer(
             self._nc, self._stream, self.next_seq, self._filters, api_timeout_s=self._api_timeout_s,
-            give_up_s=self._give_up_s, should_stop=lambda: self._closed, api_prefix=self._api,
+            give_up_s=self._give_up_s, should_stop=lambda: self._closed, api_prefix=self._api, what=self._what,
         )
         self._consumer = name
         self._last_dseq = 0
@@ -232,7 +242,10 @@ class OrderedPull:
     async def batches(self) -> AsyncIterator[list[StoredMsg]]:
         """Yield lists of (sequence, message) in sequence order until the read is finished."""
         if self._sub is None:
-            self._sub = await self._nc.subscribe(self._inbox, cb=self._on_msg, pending_msgs_limit=-1, pending_bytes_limit=-1)
+            with map_nats_error(self._what, self._api_timeout_s):
+                self._sub = await self._nc.subscribe(
+                    self._inbox, cb=self._on_msg, pending_msgs_limit=-1, pending_bytes_limit=-1
+                )
         try:
             await self._create_consumer()
             while True:

@@ -21,7 +21,14 @@ into these at one boundary, :func:`eventstore.append`'s reply handling and
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
+
+from nats.errors import ConnectionClosedError, NoRespondersError
+from nats.errors import Error as NatsError
+from nats.js.errors import APIError, ServiceUnavailableError
 
 if TYPE_CHECKING:
     from .streams import StreamId
@@ -37,6 +44,8 @@ __all__ = [
     "ServerUnavailableError",
     "StreamConfigError",
     "UnknownEventTypeError",
+    "map_nats_error",
+    "server_unavailable",
 ]
 
 
@@ -98,3 +107,49 @@ class AuthenticationError(ServerUnavailableError):
 
 class StreamConfigError(EventStoreError):
     """The JetStream stream exists with settings that are unsafe or incompatible for an event store."""
+
+
+def server_unavailable(what: str, timeout_s: float, exc: BaseException) -> ServerUnavailableError:
+    """The :class:`ServerUnavailableError` for ``exc``, a lost or silent server's error during ``what``.
+
+    ``what`` names the operation and its entity ("Reading Account/42"); the
+    message says what happened in those terms (never an internal subject) and
+    what to do. Raise it ``from exc``.
+    """
+    if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
+        why = (
+            f"the NATS server did not answer within {timeout_s}s. Check that it is running and reachable, "
+            "or raise request_timeout_s"
+        )
+    elif isinstance(exc, ConnectionClosedError):
+        why = "the connection to NATS is closed (the event store was closed). Connect a new EventStore"
+    elif isinstance(exc, (NoRespondersError, ServiceUnavailableError)):
+        why = (
+            "JetStream did not answer (no responders). Check that the server runs with JetStream enabled (-js) "
+            "and that the stream's servers are up"
+        )
+    else:
+        why = f"the NATS server cannot be reached ({exc or type(exc).__name__}). Check that it is running and reachable"
+    return ServerUnavailableError(f"{what}: {why}.")
+
+
+@contextlib.contextmanager
+def map_nats_error(what: str, timeout_s: float) -> Iterator[None]:
+    """Raise :func:`server_unavailable`'s error for a lost or silent server's errors inside the block.
+
+    The one boundary between nats-py's connection errors (timeouts, a closed or
+    reconnecting connection, no responders) and :class:`ServerUnavailableError`.
+    JetStream's answers (:class:`nats.js.errors.APIError`, e.g. "stream not
+    found") are not about the server being unavailable and pass through, as do
+    this package's own errors.
+    """
+    try:
+        yield
+    except EventStoreError:
+        raise  # already says what happened (a ServerUnavailableError is an OSError too)
+    except ServiceUnavailableError as exc:
+        raise server_unavailable(what, timeout_s, exc) from exc
+    except APIError:
+        raise
+    except (NatsError, asyncio.TimeoutError, OSError) as exc:
+        raise server_unavailable(what, timeout_s, exc) from exc

@@ -18,7 +18,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
 
-from .errors import ServerUnavailableError
+from .errors import server_unavailable
 
 __all__ = ["Inbox"]
 
@@ -57,10 +57,25 @@ class Inbox:
             future.set_result(msgs)
 
     async def request(
-        self, subject: str, payload: bytes, timeout_s: float, *, headers: dict[str, str] | None = None, many: bool = False
+        self,
+        subject: str,
+        payload: bytes,
+        timeout_s: float,
+        *,
+        what: str,
+        headers: dict[str, str] | None = None,
+        many: bool = False,
     ) -> list[Msg]:
-        """Publish and wait for the reply (``many=False``) or for every reply up to a status message."""
-        await self._ensure_subscribed()
+        """Publish and wait for the reply (``many=False``) or for every reply up to a status message.
+
+        Ends within about ``timeout_s``; without an answer (or with the
+        connection closed) raises :class:`ServerUnavailableError` naming the
+        operation ``what`` ("Reading Account/42"), not the subject.
+        """
+        try:
+            await self._ensure_subscribed()
+        except NatsError as exc:  # the connection is closed
+            raise server_unavailable(what, timeout_s, exc) from exc
         self._counter += 1
         token = str(self._counter)
         loop = asyncio.get_running_loop()
@@ -72,10 +87,7 @@ class Inbox:
             await self._nc.publish(subject, payload, reply=f"{self._prefix}.{token}", headers=headers)
             return await future
         except (asyncio.TimeoutError, NatsError) as exc:
-            raise ServerUnavailableError(
-                f"No answer to {subject} within {timeout_s}s ({exc or type(exc).__name__}). Check that the NATS "
-                "server is running and reachable, or raise request_timeout_s."
-            ) from exc
+            raise server_unavailable(what, timeout_s, exc) from exc
         finally:
             del self._pending[token]
 

@@ -20,6 +20,7 @@ from nats.aio.msg import Msg
 
 from .append import Appender
 from .consumer import OrderedPull, StoredMsg
+from .errors import map_nats_error
 from .events import RecordedEvent
 from .registry import TypeRegistry
 from .settings import EventStoreSettings
@@ -67,12 +68,12 @@ class Reader:
         events: list[RecordedEvent] = []
         if consistent:
             pull = OrderedPull(self._nc, self._settings.stream, start_seq=from_position, filter_subjects=[subject],
-                               api_timeout_s=self._settings.request_timeout_s)
+                               api_timeout_s=self._settings.request_timeout_s, what=f"Reading {stream_id}")
             async for batch in pull.batches():
                 for seq, msg in batch:
                     events.extend(decode_commit(stream_id, seq, msg.headers, msg.data, self._registry))
         else:
-            async for msgs in self._appender.subject_pages(subject, from_position):
+            async for msgs in self._appender.subject_pages(subject, from_position, what=f"Reading {stream_id}"):
                 for msg in msgs:
                     headers = msg.headers or {}
                     events.extend(decode_commit(stream_id, int(headers[Header.SEQUENCE]), headers, msg.data, self._registry))
@@ -101,7 +102,8 @@ class Reader:
             return
         pull = OrderedPull(self._nc, self._settings.stream, start_seq=from_position, stop_seq=to_position,
                            filter_subjects=self.filter_subjects(categories), batch=batch,
-                           api_timeout_s=self._settings.request_timeout_s)
+                           api_timeout_s=self._settings.request_timeout_s,
+                           what=f"Reading the stream from position {from_position}")
         async for stored in pull.batches():
             yield self._decode_batch(stored)
 
@@ -138,6 +140,7 @@ class Reader:
 
     async def last_position(self) -> int:
         """The stream's last position (0 when empty)."""
-        js = self._nc.jetstream(timeout=self._settings.request_timeout_s)
-        info = await js.stream_info(self._settings.stream)
+        timeout_s = self._settings.request_timeout_s
+        with map_nats_error(f"Reading the last position of stream {self._settings.stream!r}", timeout_s):
+            info = await self._nc.jetstream(timeout=timeout_s).stream_info(self._settings.stream)
         return int(info.state.last_seq or 0)

@@ -20,6 +20,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
+import time
 from collections.abc import AsyncIterator, Coroutine, Generator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -36,7 +38,7 @@ from pydantic import BaseModel
 from . import security
 from .append import Appender, EntityAppend
 from .connection import connect as connect_nats
-from .errors import AuthenticationError, ServerUnavailableError, StreamConfigError
+from .errors import AuthenticationError, ServerUnavailableError, StreamConfigError, map_nats_error
 from .events import ANY, AppendResult, ExpectedVersion, RecordedEvent, StreamState
 from .inbox import Inbox
 from .reading import Reader
@@ -51,13 +53,44 @@ __all__ = ["EntityInfo", "EventStore", "StoreInfo"]
 log = logging.getLogger("jetsourcing.eventstore")
 
 
-async def _on_error(exc: Exception) -> None:
-    # nats-py's default logs a full traceback for every failed reconnect attempt.
-    log.warning("NATS connection problem: %s", exc or type(exc).__name__)
+class _ConnectionLog:
+    """Logs a connection's troubles once per change of state, and a reminder every ``remind_s`` while it is down.
 
+    nats-py calls ``error_cb`` for every failed attempt (every 200 ms while the
+    server is down; its default logs a full traceback each time). Before the
+    first connection succeeds nothing is logged at warning level: that attempt
+    ends in one :class:`ServerUnavailableError` that says it all.
+    """
 
-async def _on_reconnected() -> None:
-    log.info("Reconnected to NATS")
+    def __init__(self, remind_s: float = 30.0) -> None:
+        self.remind_s = remind_s
+        self.connected = False
+        self.closing = False
+        self._down_since: float | None = None
+        self._said_at = 0.0
+
+    async def on_error(self, exc: Exception) -> None:
+        text = str(exc) or type(exc).__name__
+        now = time.monotonic()
+        if not self.connected or self.closing:
+            log.debug("NATS connection problem: %s", text)
+        elif self._down_since is None:
+            log.warning("NATS connection problem: %s", text)
+        elif now - self._said_at >= self.remind_s:
+            self._said_at = now
+            log.warning("Still disconnected from NATS after %.0fs (last error: %s); reconnecting", now - self._down_since, text)
+        else:
+            log.debug("NATS connection problem: %s", text)
+
+    async def on_disconnected(self) -> None:
+        if self.connected and not self.closing and self._down_since is None:
+            self._down_since = self._said_at = time.monotonic()
+            log.warning("Disconnected from NATS; reconnecting")
+
+    async def on_reconnected(self) -> None:
+        if self._down_since is not None:
+            log.info("Reconnected to NATS after %.1fs", time.monotonic() - self._down_since)
+        self._down_since = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +151,7 @@ class EventStore:
         self._inbox = Inbox(nc)
         self._appender = Appender(nc, self._inbox, self.settings, self.registry)
         self._reader = Reader(nc, self._appender, self.settings, self.registry)
+        self._connection_log: _ConnectionLog | None = None  # set by connect(), which owns the callbacks
 
     # -- lifecycle ----------------------------------------------------------
 
@@ -153,14 +187,9 @@ class EventStore:
         if url is None:
             server = EmbeddedServer(settings.storage_dir, sync_always=settings.sync_always).start()
             url = server.url
-        closing: list[NATS] = []
-
-        async def on_disconnected() -> None:
-            if not (closing and closing[0].is_closed):
-                log.warning("Disconnected from NATS; reconnecting")
-
-        # Give up on the first connection after about request_timeout_s; once
-        # connected, reconnect forever (see below).
+        connection_log = _ConnectionLog()
+        # Give up on the first connection after request_timeout_s (a refused connection is retried
+        # every 200 ms until then); once connected, reconnect forever (see below).
         first_attempts = max(1, int(settings.request_timeout_s / 0.2))
         options: dict[str, Any] = {
             "name": settings.connect_name,
@@ -168,14 +197,15 @@ class EventStore:
             "reconnect_time_wait": 0.2,
             "connect_timeout": settings.request_timeout_s,
             "allow_reconnect": True,
-            "error_cb": _on_error,
-            "disconnected_cb": on_disconnected,
-            "reconnected_cb": _on_reconnected,
+            "drain_timeout": settings.request_timeout_s,
+            "error_cb": connection_log.on_error,
+            "disconnected_cb": connection_log.on_disconnected,
+            "reconnected_cb": connection_log.on_reconnected,
             **security.connect_options(settings),
         }
         options.update(connect_options)
         try:
-            nc = await connect_nats(url.split(","), **options)
+            nc = await connect_nats(url.split(","), deadline_s=settings.request_timeout_s, **options)
         except (NoServersError, OSError, asyncio.TimeoutError, NatsError) as exc:
             if server:
                 server.close()
@@ -185,26 +215,43 @@ class EventStore:
                 f"Could not connect to NATS at {security.redact_url(url)}: {exc or type(exc).__name__}. "
                 "Start a server, or fix NATS_URL."
             ) from exc
-        closing.append(nc)
+        connection_log.connected = True
         if "max_reconnect_attempts" not in connect_options:
             nc.options["max_reconnect_attempts"] = -1
         store = cls(nc, settings, registry, server=server)
+        store._connection_log = connection_log
         if create_stream:
-            await store.ensure_stream()
+            try:
+                await store.ensure_stream()
+            except BaseException:
+                await store.close()  # nothing of a failed connect stays open (nor reconnects forever)
+                raise
         return store
 
     async def close(self) -> None:
-        """Close the connection (and stop the embedded server, if this store started one)."""
+        """Close the connection (and stop the embedded server, if this store started one).
+
+        Ends within about twice ``request_timeout_s`` even when the server is
+        gone or silent: the connection is drained only after a flush showed
+        the server answers within ``request_timeout_s``, then closed.
+        """
+        if self._connection_log is not None:
+            self._connection_log.closing = True
         await self._inbox.close()
+        timeout_s = self.settings.request_timeout_s
         if not self.nc.is_closed:
             try:
                 if self.nc.is_connected:
+                    # nats-py's drain() ignores cancellation and then flushes with a 10 s timeout:
+                    # drain only a connection whose server answered a flush in time.
+                    await self.nc.flush(timeout=math.ceil(timeout_s))
                     await self.nc.drain()
             except (NatsError, asyncio.TimeoutError, OSError):
-                pass  # a connection that is down or reconnecting has nothing to drain
+                pass  # a connection that is down, reconnecting or silent has nothing to drain
             finally:
                 with contextlib.suppress(NatsError, asyncio.TimeoutError, OSError):
-                    await self.nc.close()
+                    async with asyncio.timeout(timeout_s):
+                        await self.nc.close()
         if self.server is not None:
             self.server.close()
 
@@ -240,21 +287,25 @@ class EventStore:
         )
 
     async def ensure_stream(self) -> None:
-        """Create the stream if it does not exist; check it if it does. Never changes an existing stream."""
-        js = self.nc.jetstream(timeout=self.settings.request_timeout_s)
+        """Create the stream if it does not exist; check it if it does. Never changes an existing stream.
+
+        Raises :class:`StreamConfigError` for an unfit stream, and
+        :class:`ServerUnavailableError` within about ``request_timeout_s`` when
+        the server (or JetStream) does not answer.
+        """
+        timeout_s = self.settings.request_timeout_s
+        js = self.nc.jetstream(timeout=timeout_s)
         wanted = self.stream_config()
         try:
-            info = await js.stream_info(self.settings.stream)
+            with map_nats_error(f"Reading the configuration of stream {self.settings.stream!r}", timeout_s):
+                info = await js.stream_info(self.settings.stream)
         except NotFoundError:
             try:
-                await js.add_stream(wanted)
+                with map_nats_error(f"Creating stream {self.settings.stream!r}", timeout_s):
+                    await js.add_stream(wanted)
                 return
-            except NatsError as exc:
+            except NatsError as exc:  # JetStream refused it
                 raise StreamConfigError(f"Could not create stream {self.settings.stream!r}: {exc}") from exc
-        except (NatsError, asyncio.TimeoutError) as exc:
-            raise ServerUnavailableError(
-                f"Could not read stream {self.settings.stream!r}: {exc}. Is JetStream enabled on the server (-js)?"
-            ) from exc
         have = info.config
         problems = []
         if wanted.subjects and wanted.subjects[0] not in (have.subjects or []):
@@ -400,8 +451,9 @@ class EventStore:
 
     async def info(self) -> StoreInfo:
         """The stream's last position, commit count and size."""
-        js = self.nc.jetstream(timeout=self.settings.request_timeout_s)
-        state = (await js.stream_info(self.settings.stream)).state
+        timeout_s = self.settings.request_timeout_s
+        with map_nats_error(f"Reading the state of stream {self.settings.stream!r}", timeout_s):
+            state = (await self.nc.jetstream(timeout=timeout_s).stream_info(self.settings.stream)).state
         return StoreInfo(self.settings.stream, state.last_seq, state.first_seq, state.messages, state.bytes)
 
     async def pending(self, after: int, categories: Sequence[str] | None = None) -> Pending:
@@ -416,8 +468,9 @@ class EventStore:
             raise ValueError(f"after must be a position (0 or more), not {after}.")
         commits = 0
         firsts: list[tuple[int, str]] = []
+        what = f"Counting the commits after position {after}"
         for subject in self.filter_subjects(categories):  # disjoint filters: their counts add up
-            for msg in await self._appender.direct_get({"seq": after + 1, "next_by_subj": subject, "batch": 1}):
+            for msg in await self._appender.direct_get({"seq": after + 1, "next_by_subj": subject, "batch": 1}, what=what):
                 headers = msg.headers or {}
                 commits += int(headers[Header.NUM_PENDING]) + 1
                 firsts.append((int(headers[Header.SEQUENCE]), headers.get(Header.RECORDED_AT, "")))
@@ -432,8 +485,9 @@ class EventStore:
         Built from stream info's per-subject counts (``subjects_filter``) and
         multi-last direct gets: no index of our own, no scan of the events.
         """
-        subjects = (await self._subject_counts(f"{validate_category(category)}.*"))[offset : offset + limit]
-        versions = await self._last_versions([s for s, _ in subjects])
+        what = f"Listing the entities of category {category!r}"
+        subjects = (await self._subject_counts(f"{validate_category(category)}.*", what))[offset : offset + limit]
+        versions = await self._last_versions([s for s, _ in subjects], what)
         prefix_len = len(self.settings.subject_prefix) + len(category) + 2
         return [
             EntityInfo(StreamId(category, decode_entity_id(s[prefix_len:])), versions.get(s, 0), commits)
@@ -442,20 +496,24 @@ class EventStore:
 
     async def event_count(self) -> int:
         """How many events the store holds (the sum of every entity's version; one multi-last get per 1,000 entities)."""
-        subjects = await self._subject_counts(">")
-        return sum((await self._last_versions([s for s, _ in subjects])).values())
+        what = f"Counting the events of stream {self.settings.stream!r}"
+        subjects = await self._subject_counts(">", what)
+        return sum((await self._last_versions([s for s, _ in subjects], what)).values())
 
-    async def _subject_counts(self, pattern: str) -> list[tuple[str, int]]:
-        js = self.nc.jetstream(timeout=self.settings.request_timeout_s)
-        info = await js.stream_info(self.settings.stream, subjects_filter=f"{self.settings.subject_prefix}.{pattern}")
+    async def _subject_counts(self, pattern: str, what: str) -> list[tuple[str, int]]:
+        timeout_s = self.settings.request_timeout_s
+        with map_nats_error(what, timeout_s):
+            info = await self.nc.jetstream(timeout=timeout_s).stream_info(
+                self.settings.stream, subjects_filter=f"{self.settings.subject_prefix}.{pattern}"
+            )
         return sorted((info.state.subjects or {}).items())
 
-    async def _last_versions(self, subjects: list[str]) -> dict[str, int]:
+    async def _last_versions(self, subjects: list[str], what: str) -> dict[str, int]:
         versions: dict[str, int] = {}
         # The server answers a multi-last get for at most 1,024 subjects (413 beyond).
         for start in range(0, len(subjects), 1000):
             chunk = subjects[start : start + 1000]
-            for msg in await self._appender.direct_get({"multi_last": chunk, "batch": len(chunk)}):
+            for msg in await self._appender.direct_get({"multi_last": chunk, "batch": len(chunk)}, what=what):
                 headers = msg.headers or {}
                 versions[headers[Header.SUBJECT]] = int(headers[Header.VERSION])
         return versions
