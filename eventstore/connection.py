@@ -111,10 +111,12 @@ class Connection(Client):
         bounded close): :class:`TimeoutError` then says no server answered.
         """
         hopeless: list[str] = []
+        last_error: list[Exception] = []
         # Without an error_cb of the caller's, keep nats-py's default (it logs the error).
         callback = options.get("error_cb") or self._error_cb
 
         async def on_error(exc: Exception) -> None:
+            last_error[:] = [exc]
             if hopeless:
                 return  # closing after giving up: nothing the caller needs to hear
             reason = _hopeless(exc)
@@ -131,7 +133,8 @@ class Connection(Client):
                 raise
             await self._close_after_failure()
             if not hopeless:
-                raise TimeoutError(f"no server answered within {deadline_s}s") from exc
+                why = f" (last error: {last_error[0] or type(last_error[0]).__name__})" if last_error else ""
+                raise TimeoutError(f"no server answered within {deadline_s}s{why}") from exc
             where = redact_url(",".join(servers))
             raise AuthenticationError(f"Could not connect to NATS at {where}: {hopeless[0]}.") from exc
         finally:

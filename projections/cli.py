@@ -13,6 +13,9 @@ is importable). The server comes from ``NATS_URL`` or ``--nats-url``; every
 setting can also be given as ``JETSOURCING_<FIELD>`` (see
 :class:`~projections.settings.ProjectionSettings`). Exit codes: 0 success,
 1 a projection stopped with an error or a rebuild failed, 2 usage errors.
+Every error ends the command with one line ``jetsourcing: <what is wrong and
+what to do>`` on stderr (an unreachable server within the request timeout);
+``--debug`` adds the traceback.
 """
 
 from __future__ import annotations
@@ -26,10 +29,11 @@ import logging
 import os
 import signal
 import sys
+import traceback
 from collections.abc import Sequence
 from typing import Any
 
-from eventstore import EventStoreSettings
+from eventstore import EventStoreError, EventStoreSettings
 
 from .daemon import run_daemon
 from .errors import ProjectionError, ProjectionLoadError
@@ -80,6 +84,7 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("--subject-prefix", help="subject prefix of the events (JETSOURCING_SUBJECT_PREFIX)")
     common.add_argument("--lease-bucket", help="KV bucket of the leases (JETSOURCING_LEASE_BUCKET)")
     common.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    common.add_argument("--debug", action="store_true", help="print the traceback of an error, not only its message")
 
     parser = argparse.ArgumentParser(prog="jetsourcing", description="Run, rebuild and inspect jetsourcing projections.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -159,13 +164,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(format_status(statuses))
         return 0
     except ProjectionLoadError as exc:
-        print(f"jetsourcing: {exc}", file=sys.stderr)
-        return 2
-    except ProjectionError as exc:
-        print(f"jetsourcing: {exc}", file=sys.stderr)
-        return 1
+        return _fail(args, exc, 2)
+    except (ProjectionError, EventStoreError) as exc:
+        return _fail(args, exc, 1)
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # noqa: BLE001 - one line, not a traceback (unless --debug)
+        return _fail(args, exc, 1, f"unexpected {type(exc).__name__}: ")
+
+
+def _fail(args: argparse.Namespace, exc: Exception, code: int, kind: str = "") -> int:
+    """Report ``exc`` as one line on stderr (and its traceback with --debug); return the exit code."""
+    if args.debug:
+        traceback.print_exception(exc, file=sys.stderr)
+    print(f"jetsourcing: {kind}{exc}", file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

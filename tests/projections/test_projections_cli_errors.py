@@ -1,0 +1,66 @@
+"""The CLI with a server it cannot use: one line on stderr, exit code 1, within the request timeout."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from eventstore import EmbeddedServer
+from projection_helpers import HERE, ROOT, cli
+from tests.unresponsive import INFO_LINE, SilentServer
+
+TIMEOUT_S = 1.0
+BOUND_S = 2 * TIMEOUT_S + 4  # the request timeout, plus the interpreter's start-up on a loaded machine
+
+
+async def _run_cli(url: str, tmp_path: Path, *args: str) -> tuple[int, list[str], float]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JETSOURCING_")}
+    env.update({
+        "NATS_URL": url,
+        "JETSOURCING_REQUEST_TIMEOUT_S": str(TIMEOUT_S),
+        "JETSOURCING_DATABASE": str(tmp_path / "views.sqlite3"),
+        "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT)]),
+    })
+    started = time.monotonic()
+    process = await asyncio.create_subprocess_exec(
+        *cli(*args), env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    try:
+        async with asyncio.timeout(60):
+            _, stderr = await process.communicate()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    return process.returncode or 0, stderr.decode().splitlines(), time.monotonic() - started
+
+
+COMMANDS = {
+    "run-burst": ("run", "projection_examples:AccountBalances", "--until-caught-up"),
+    "run": ("run", "projection_examples:AccountBalances"),
+    "rebuild": ("rebuild", "projection_examples:AccountBalances"),
+}
+
+
+@pytest.mark.parametrize("server", ["refused", "silent", "info-then-silent"])
+@pytest.mark.parametrize("command", ["run-burst", "rebuild"])
+async def test_cli_reports_an_unusable_server_in_one_line(tmp_path: Path, server: str, command: str) -> None:
+    greeting = INFO_LINE if server == "info-then-silent" else b""
+    async with SilentServer(greeting) as silent:
+        url = f"nats://127.0.0.1:{EmbeddedServer().port}" if server == "refused" else silent.url
+        code, stderr, elapsed = await _run_cli(url, tmp_path, *COMMANDS[command])
+    assert code == 1, stderr
+    assert len(stderr) == 1 and stderr[0].startswith("jetsourcing: Could not connect to NATS"), stderr
+    assert "Traceback" not in stderr[0]
+    assert elapsed < BOUND_S, f"took {elapsed:.1f}s"
+
+
+async def test_cli_debug_adds_the_traceback(tmp_path: Path) -> None:
+    url = f"nats://127.0.0.1:{EmbeddedServer().port}"
+    code, stderr, _ = await _run_cli(url, tmp_path, *COMMANDS["run"], "--debug")
+    assert code == 1
+    assert stderr[0].startswith("Traceback") and stderr[-1].startswith("jetsourcing: Could not connect to NATS")
