@@ -32,7 +32,8 @@ from nats.js.errors import BucketNotFoundError, KeyNotFoundError
 from nats.js.kv import KeyValue
 from pydantic import BaseModel, ValidationError
 
-from eventstore import EventStore
+from eventstore import EventStore, ServerUnavailableError
+from eventstore.errors import map_nats_error
 
 __all__ = ["Snapshot", "SnapshotStore", "bucket_name", "fingerprint"]
 
@@ -125,17 +126,23 @@ class SnapshotStore(Generic[S]):
             return self._kv
 
     async def get(self, aggregate_id: str) -> Snapshot[S] | None:
-        """The aggregate's snapshot if there is a usable one, else None."""
+        """The aggregate's snapshot if there is a usable one, else None (within about ``request_timeout_s``)."""
+        what = f"Reading the snapshot of {self.category} {aggregate_id!r}"
         try:
-            kv = await self._bucket(create=False)
-            if kv is None:
-                return None
-            entry = await kv.get(_key(self.category, aggregate_id))
+            with map_nats_error(what, self.store.settings.request_timeout_s):
+                kv = await self._bucket(create=False)
+                if kv is None:
+                    return None
+                entry = await kv.get(_key(self.category, aggregate_id))
         except KeyNotFoundError:
+            return None
+        except ServerUnavailableError as exc:  # names the operation already
+            self._kv = None
+            log.warning("%s; replaying all events.", exc)
             return None
         except Exception as exc:  # noqa: BLE001 - a snapshot is optional: fall back to a full replay
             self._kv = None
-            log.warning("Reading the snapshot of %s %r failed (%s); replaying all events.", self.category, aggregate_id, exc)
+            log.warning("%s failed (%s); replaying all events.", what, exc)
             return None
         try:
             record = _Record.model_validate_json(entry.value or b"")
@@ -150,14 +157,22 @@ class SnapshotStore(Generic[S]):
             return None
 
     async def put(self, aggregate_id: str, version: int, position: int, state: BaseModel) -> None:
-        """Store ``state`` as the aggregate's snapshot at ``version``/``position``; logs instead of raising."""
+        """Store ``state`` as the aggregate's snapshot at ``version``/``position``; logs instead of raising.
+
+        Ends within about ``request_timeout_s`` when the server does not answer.
+        """
+        what = f"Writing the snapshot of {self.category} {aggregate_id!r} at version {version}"
         try:
             record = _Record(
                 fingerprint=self.fingerprint, version=version, position=position, state=state.model_dump(mode="json")
             )
-            kv = await self._bucket(create=True)
-            assert kv is not None
-            await kv.put(_key(self.category, aggregate_id), record.model_dump_json().encode())
+            with map_nats_error(what, self.store.settings.request_timeout_s):
+                kv = await self._bucket(create=True)
+                assert kv is not None
+                await kv.put(_key(self.category, aggregate_id), record.model_dump_json().encode())
+        except ServerUnavailableError as exc:  # names the operation already
+            self._kv = None
+            log.warning("%s", exc)
         except Exception as exc:  # noqa: BLE001 - a failed snapshot must never fail the command
             self._kv = None
-            log.warning("Writing the snapshot of %s %r at version %d failed: %s", self.category, aggregate_id, version, exc)
+            log.warning("%s failed: %s", what, exc)

@@ -146,10 +146,10 @@ def map_nats_error(what: str, timeout_s: float) -> Iterator[None]:
     try:
         yield
     except EventStoreError:
-        raise  # already says what happened (a ServerUnavailableError is an OSError too)
+        raise  # already says what happened
     except ServiceUnavailableError as exc:
         raise server_unavailable(what, timeout_s, exc) from exc
     except APIError:
         raise
-    except (NatsError, asyncio.TimeoutError, OSError) as exc:
+    except (NatsError, asyncio.TimeoutError) as exc:
         raise server_unavailable(what, timeout_s, exc) from exc
