@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import ssl
 from typing import Any
 
@@ -28,6 +29,8 @@ from .errors import AuthenticationError
 from .security import redact_url
 
 __all__ = ["Connection", "connect", "parse_header_lines"]
+
+log = logging.getLogger("jetsourcing.eventstore")
 
 _CLOSE_AFTER_FAILURE_S = 0.5
 
@@ -104,7 +107,9 @@ class Connection(Client):
         fails, or TLS was asked for (a ``tls://`` URL, a ``tls`` context) and
         the server does not require it; other failures are retried as
         ``options`` say. ``error_cb`` still sees every error of the first
-        attempts. In a cluster, one server failing so ends the attempt: the
+        attempts; without one, they are logged at debug level only (nats-py's
+        default logs a traceback per attempt), since the failed connect raises
+        one error that names the last of them. In a cluster, one server failing so ends the attempt: the
         others share its credentials and CA.
 
         With ``deadline_s``, all attempts together end within it (plus a
@@ -112,8 +117,9 @@ class Connection(Client):
         """
         hopeless: list[str] = []
         last_error: list[Exception] = []
-        # Without an error_cb of the caller's, keep nats-py's default (it logs the error).
+        # Once connected, an error_cb of the caller's, or else nats-py's default (it logs the error).
         callback = options.get("error_cb") or self._error_cb
+        quiet = "error_cb" not in options
 
         async def on_error(exc: Exception) -> None:
             last_error[:] = [exc]
@@ -123,7 +129,10 @@ class Connection(Client):
             if reason is not None:
                 hopeless.append(reason)
                 self.options["allow_reconnect"] = False  # nats-py then raises instead of trying again
-            await callback(exc)
+            if quiet:
+                log.debug("NATS connection attempt failed: %s", exc or type(exc).__name__)
+            else:
+                await callback(exc)
 
         try:
             async with asyncio.timeout(deadline_s) as deadline:

@@ -54,7 +54,7 @@ log = logging.getLogger("jetsourcing.eventstore")
 
 
 class _ConnectionLog:
-    """Logs a connection's troubles once per change of state, and a reminder every ``remind_s`` while it is down.
+    """Logs a connection's troubles once per change of state, then a reminder every ``remind_s`` while they last.
 
     nats-py calls ``error_cb`` for every failed attempt (every 200 ms while the
     server is down; its default logs a full traceback each time). Before the
@@ -67,20 +67,19 @@ class _ConnectionLog:
         self.connected = False
         self.closing = False
         self._down_since: float | None = None
-        self._said_at = 0.0
+        self._said_at: float | None = None  # when a warning was last logged in the current state
 
     async def on_error(self, exc: Exception) -> None:
         text = str(exc) or type(exc).__name__
         now = time.monotonic()
-        if not self.connected or self.closing:
+        if not self.connected or self.closing or (self._said_at is not None and now - self._said_at < self.remind_s):
             log.debug("NATS connection problem: %s", text)
         elif self._down_since is None:
+            self._said_at = now
             log.warning("NATS connection problem: %s", text)
-        elif now - self._said_at >= self.remind_s:
+        else:
             self._said_at = now
             log.warning("Still disconnected from NATS after %.0fs (last error: %s); reconnecting", now - self._down_since, text)
-        else:
-            log.debug("NATS connection problem: %s", text)
 
     async def on_disconnected(self) -> None:
         if self.connected and not self.closing and self._down_since is None:
@@ -90,7 +89,7 @@ class _ConnectionLog:
     async def on_reconnected(self) -> None:
         if self._down_since is not None:
             log.info("Reconnected to NATS after %.1fs", time.monotonic() - self._down_since)
-        self._down_since = None
+        self._down_since = self._said_at = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,6 +47,7 @@ async def open_connection(opts: Options, *, native: bool = True) -> ReadConnecti
     try:
         await nc.open(
             list(opts.servers),
+            deadline_s=opts.request_timeout_s,
             name="jetsourcing-spark",
             connect_timeout=max(1, round(opts.request_timeout_s)),
             max_reconnect_attempts=max(1, int(opts.request_timeout_s / 0.2)),

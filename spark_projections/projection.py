@@ -702,6 +702,8 @@ def run_command(args: argparse.Namespace, spark: SparkSession | None = None) -> 
     overrides = {k: v for k, v in (("nats_url", args.nats_url), ("stream", args.stream),
                                    ("subject_prefix", args.subject_prefix)) if v}
     settings = EventStoreSettings(**overrides)
+    if spark is None:
+        _last_position(settings)  # an unusable server fails in seconds, not after Spark's start-up
     spark = spark or spark_session()
     run = (rebuild if args.command == "rebuild" else update)(
         spark, projection, settings, args.root, partitions=args.partitions, to_position=args.to_position

@@ -77,7 +77,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
-from eventstore import EventStoreSettings
+from eventstore import EventStoreSettings, ServerUnavailableError
+from eventstore.errors import map_nats_error
 from spark_projections._batches import EVENTS_SCHEMA
 from spark_projections._options import DEFAULT_BATCH, Options
 from spark_projections._range_reader import open_connection, read_range
@@ -261,7 +262,11 @@ async def _stream_bounds(opts: Options) -> tuple[int, int]:
     """The stream's (first, last) sequence; (1, 0) when it is empty."""
     nc = await open_connection(opts)
     try:
-        reply = await nc.request(f"$JS.API.STREAM.INFO.{opts.stream}", b"", timeout=opts.request_timeout_s)
+        try:
+            with map_nats_error(f"Reading the positions of stream {opts.stream!r}", opts.request_timeout_s):
+                reply = await nc.request(f"$JS.API.STREAM.INFO.{opts.stream}", b"", timeout=opts.request_timeout_s)
+        except ServerUnavailableError as exc:
+            raise EventSourceError(str(exc)) from exc
         info = json.loads(reply.data)
         if "error" in info:
             raise EventSourceError(

@@ -56,7 +56,7 @@ async def test_a_refused_first_connection_logs_no_warnings(caplog: pytest.LogCap
     settings = EventStoreSettings(nats_url=f"nats://127.0.0.1:{port}", request_timeout_s=TIMEOUT_S)
     with caplog.at_level(logging.DEBUG, logger="jetsourcing.eventstore"):
         await _fails_in_time(EventStore.connect(settings))
-    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and r.name.startswith("jetsourcing")] == []
 
 
 def _inspections(store: EventStore) -> dict[str, tuple[Callable[[], Awaitable[object]], str]]:
@@ -119,7 +119,9 @@ async def test_a_lost_server_is_logged_once_not_at_every_attempt(
             with caplog.at_level(logging.DEBUG, logger="jetsourcing.eventstore"):
                 await proxy.down()
                 await asyncio.sleep(2.5)  # a dozen reconnect attempts
-            warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+            warnings = [
+                r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and r.name == "jetsourcing.eventstore"
+            ]
             assert 1 <= len(warnings) <= 2, warnings
             assert any("Disconnected" in w for w in warnings)
         finally:

@@ -1,9 +1,10 @@
-"""The CLI with a server it cannot use: one line on stderr, exit code 1, within the request timeout."""
+"""The CLIs with a server they cannot use: one line on stderr and a failing exit code, within the request timeout."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -17,7 +18,7 @@ TIMEOUT_S = 1.0
 BOUND_S = 2 * TIMEOUT_S + 4  # the request timeout, plus the interpreter's start-up on a loaded machine
 
 
-async def _run_cli(url: str, tmp_path: Path, *args: str) -> tuple[int, list[str], float]:
+async def _run_cli(url: str, tmp_path: Path, *args: str, argv: list[str] | None = None) -> tuple[int, list[str], float]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("JETSOURCING_")}
     env.update({
         "NATS_URL": url,
@@ -27,7 +28,7 @@ async def _run_cli(url: str, tmp_path: Path, *args: str) -> tuple[int, list[str]
     })
     started = time.monotonic()
     process = await asyncio.create_subprocess_exec(
-        *cli(*args), env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        *(argv or cli(*args)), env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
     )
     try:
         async with asyncio.timeout(60):
@@ -64,3 +65,15 @@ async def test_cli_debug_adds_the_traceback(tmp_path: Path) -> None:
     code, stderr, _ = await _run_cli(url, tmp_path, *COMMANDS["run"], "--debug")
     assert code == 1
     assert stderr[0].startswith("Traceback") and stderr[-1].startswith("jetsourcing: Could not connect to NATS")
+
+
+@pytest.mark.parametrize("server", ["refused", "silent"])
+async def test_spark_cli_reports_an_unusable_server_in_one_line_before_starting_spark(tmp_path: Path, server: str) -> None:
+    argv = [sys.executable, "-m", "spark_projections.cli", "update", "projection_examples:Movements",
+            "--root", str(tmp_path / "delta")]
+    async with SilentServer() as silent:
+        url = f"nats://127.0.0.1:{EmbeddedServer().port}" if server == "refused" else silent.url
+        code, stderr, elapsed = await _run_cli(url, tmp_path, argv=argv)
+    assert code == 2, stderr  # the Spark CLI's code for an explained error
+    assert len(stderr) == 1 and stderr[0].startswith("error: Could not connect to NATS"), stderr
+    assert elapsed < BOUND_S + 3, f"took {elapsed:.1f}s"  # + importing pyspark; Spark itself never starts
