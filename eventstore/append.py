@@ -349,14 +349,13 @@ class Appender:
         """If this append was already stored (a resend), the positions of its commits; else None."""
         positions = []
         for c in commits:
+            what = f"Checking the append to {c.request.stream_id}"
             if c.prev_position >= 0:
-                msgs = await self.direct_get(
-                    {"seq": c.prev_position + 1, "next_by_subj": c.subject, "batch": 1}, what=f"Checking the append to {c.request.stream_id}"
-                )
+                msgs = await self.direct_get({"seq": c.prev_position + 1, "next_by_subj": c.subject, "batch": 1}, what=what)
             else:  # the expected position is unknown: search the entity's commits for ours
                 msgs = [
                     m
-                    async for page in self.subject_pages(c.subject, what=f"Checking the append to {c.request.stream_id}")
+                    async for page in self.subject_pages(c.subject, what=what)
                     for m in page
                     if (m.headers or {}).get(Header.MSG_ID) == c.msg_id
                 ]

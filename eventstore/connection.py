@@ -109,8 +109,8 @@ class Connection(Client):
         ``options`` say. ``error_cb`` still sees every error of the first
         attempts; without one, they are logged at debug level only (nats-py's
         default logs a traceback per attempt), since the failed connect raises
-        one error that names the last of them. In a cluster, one server failing so ends the attempt: the
-        others share its credentials and CA.
+        one error that names the last of them. In a cluster, one server
+        failing so ends the attempt: the others share its credentials and CA.
 
         With ``deadline_s``, all attempts together end within it (plus a
         bounded close): :class:`TimeoutError` then says no server answered.
@@ -159,7 +159,7 @@ class Connection(Client):
 
 
 async def connect(servers: list[str], *, deadline_s: float | None = None, **options: Any) -> Connection:
-    """Connect a :class:`Connection` like :func:`nats.connect` does, failing fast and within ``deadline_s`` as :meth:`Connection.open` does."""
+    """Connect a :class:`Connection` like :func:`nats.connect` does, failing as :meth:`Connection.open` does."""
     nc = Connection()
     await nc.open(servers, deadline_s=deadline_s, **options)
     return nc
