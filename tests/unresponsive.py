@@ -25,6 +25,7 @@ class SilentServer:
         self.connections = 0
         self._server: asyncio.Server | None = None
         self._writers: list[asyncio.StreamWriter] = []
+        self._handlers: list[asyncio.Task[object]] = []
 
     @property
     def url(self) -> str:
@@ -40,10 +41,15 @@ class SilentServer:
         self._server.close()
         for writer in self._writers:
             writer.close()
+        async with asyncio.timeout(5):  # closing the sockets ends the handlers' reads
+            await asyncio.gather(*self._handlers, return_exceptions=True)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
         self._writers.append(writer)
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.append(task)
         if self.greeting:
             writer.write(self.greeting)
         with contextlib.suppress(OSError):
