@@ -48,6 +48,7 @@ from .inbox import Inbox
 from .registry import TypeRegistry
 from .settings import EventStoreSettings
 from .streams import StreamId
+from .validation import check_entity_append
 from .wire import Header, encode_commit, utc_now_text
 
 __all__ = ["Appender", "EntityAppend", "MAX_ENTITIES_PER_APPEND"]
@@ -63,12 +64,24 @@ _MESSAGE_TOO_LARGE = 10054  # server-side max payload / max msg size refusals
 
 @dataclass(frozen=True, slots=True)
 class EntityAppend:
-    """Events to append to one entity, with the version the caller expects it to be at."""
+    """Events to append to one entity, with the version the caller expects it to be at.
+
+    Checked on construction, so a wrong argument never reaches the server:
+    ``stream_id`` a :class:`StreamId`; ``events`` a non-empty sequence of
+    pydantic model instances; ``expected_version`` an int >= 0, ``NO_STREAM``
+    or ``ANY`` (nothing else, so a mistyped version cannot silently disable the
+    concurrency check); ``expected_position`` None, or the position of the
+    entity's commit at an exact ``expected_version`` (0 with version 0).
+    Raises :class:`InvalidArgumentError` or :class:`InvalidEventError`.
+    """
 
     stream_id: StreamId
     events: Sequence[BaseModel]
     expected_version: ExpectedVersion = ANY
     expected_position: int | None = None
+
+    def __post_init__(self) -> None:
+        check_entity_append(self)
 
 
 @dataclass(slots=True)

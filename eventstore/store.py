@@ -36,7 +36,7 @@ from pydantic import BaseModel
 from . import security
 from .append import Appender, EntityAppend
 from .connection import connect as connect_nats
-from .errors import AuthenticationError, ServerUnavailableError, StreamConfigError
+from .errors import AuthenticationError, InvalidArgumentError, ServerUnavailableError, StreamConfigError
 from .events import ANY, AppendResult, ExpectedVersion, RecordedEvent, StreamState
 from .inbox import Inbox
 from .reading import Reader
@@ -44,11 +44,15 @@ from .registry import TypeRegistry
 from .server import EmbeddedServer
 from .settings import EventStoreSettings
 from .streams import StreamId, decode_entity_id, validate_category
+from .validation import check_bool, check_categories, check_int, check_optional_int, check_seconds, check_stream_id
 from .wire import Header
 
 __all__ = ["EntityInfo", "EventStore", "StoreInfo"]
 
 log = logging.getLogger("jetsourcing.eventstore")
+
+_MAX_BATCH = 100_000
+"""The most messages one read batch may ask for (a batch is held in memory whole)."""
 
 
 async def _on_error(exc: Exception) -> None:
@@ -221,14 +225,13 @@ class EventStore:
     def stream_config(self) -> StreamConfig:
         """The stream settings an event store needs (see the README's 'Stream layout')."""
         s = self.settings
-        limited = any(v is not None for v in (s.max_age_s, s.max_msgs, s.max_bytes))
+        limited = s.max_msgs is not None or s.max_bytes is not None
         return StreamConfig(
             name=s.stream,
             subjects=[f"{s.subject_prefix}.>"],
             storage=StorageType.FILE,
             retention=RetentionPolicy.LIMITS,
             discard=DiscardPolicy.NEW if limited else DiscardPolicy.OLD,
-            max_age=s.max_age_s,
             max_msgs=s.max_msgs or -1,
             max_bytes=s.max_bytes or -1,
             duplicate_window=s.duplicate_window_s,
@@ -318,6 +321,12 @@ class EventStore:
         Each entity's expected version is checked by the server; a conflict on
         any one rejects the whole append with :class:`ConcurrencyError`.
         """
+        if isinstance(requests, (str, bytes)) or not isinstance(requests, Sequence) or not all(
+            isinstance(r, EntityAppend) for r in requests
+        ):
+            raise InvalidArgumentError(
+                f"Invalid requests: {requests!r:.80}; append_many takes a list of EntityAppend, one per entity."
+            )
         return await self._appender.append(
             requests, idempotency_key=idempotency_key, correlation_id=correlation_id, causation_id=causation_id
         )
@@ -328,10 +337,22 @@ class EventStore:
         Searches the entity's commits, so it finds appends of any age (not only
         within the duplicate window).
         """
+        check_stream_id("stream_id", stream_id)
+        if not isinstance(idempotency_key, str) or not idempotency_key:
+            raise InvalidArgumentError(f"Invalid idempotency_key: {idempotency_key!r:.80}; it must be a non-empty string.")
         return await self._appender.find_append(stream_id, idempotency_key)
 
     def remember(self, stream_id: StreamId, version: int, position: int) -> None:
-        """Tell the store an entity's (version, position), e.g. from a snapshot, to save a lookup on append."""
+        """Tell the store an entity's (version, position), e.g. from a snapshot, to save a lookup on append.
+
+        Both are ints >= 0, and 0 together (an entity without events); else :class:`InvalidArgumentError`.
+        """
+        check_stream_id("stream_id", stream_id)
+        if (check_int("version", version, 0) == 0) != (check_int("position", position, 0) == 0):
+            raise InvalidArgumentError(
+                f"Invalid (version, position) ({version}, {position}) for {stream_id}: both are 0 for an entity "
+                "without events, both >= 1 for one with events."
+            )
         self._appender.remember(stream_id, version, position)
 
     # -- reading ------------------------------------------------------------
@@ -345,9 +366,23 @@ class EventStore:
         from_position: int = 1,
         consistent: bool = False,
     ) -> list[RecordedEvent]:
-        """One entity's events, in version order (empty if it has none). See :meth:`Reader.read`."""
+        """One entity's events, in version order (empty if it has none). See :meth:`Reader.read`.
+
+        ``from_version`` >= 1, ``to_version`` None or >= ``from_version``,
+        ``from_position`` >= 0 (ints; 0 and 1 both mean from the start),
+        ``consistent`` a bool; else :class:`InvalidArgumentError`.
+        """
+        check_stream_id("stream_id", stream_id)
+        check_int("from_version", from_version, 1, what="a version")
+        check_optional_int("to_version", to_version, from_version, what="a version")
+        check_int("from_position", from_position, 0, what="a position")
+        check_bool("consistent", consistent)
         return await self._reader.read(
-            stream_id, from_version=from_version, to_version=to_version, from_position=from_position, consistent=consistent
+            stream_id,
+            from_version=from_version,
+            to_version=to_version,
+            from_position=max(1, from_position),
+            consistent=consistent,
         )
 
     def read_all(
@@ -358,7 +393,18 @@ class EventStore:
         categories: Sequence[str] | None = None,
         batch: int = 1000,
     ) -> AsyncIterator[list[RecordedEvent]]:
-        """Every event (of ``categories``, or all) in global order, in batches, up to the last position at the start."""
+        """Every event (of ``categories``, or all) in global order, in batches, up to the last position at the start.
+
+        The arguments are checked at the call, before iteration starts:
+        positions are ints (``from_position`` >= 1, ``to_position`` None or >= 0),
+        ``categories`` None or a list of category names, ``batch`` an int from
+        1 to 100,000; else :class:`InvalidArgumentError` (or
+        :class:`InvalidStreamIdError` for a bad category name).
+        """
+        check_int("from_position", from_position, 1, what="a position")
+        check_optional_int("to_position", to_position, 0, what="a position")
+        check_categories(categories)
+        check_int("batch", batch, 1, _MAX_BATCH)
         return self._reader.read_all(
             from_position=from_position, to_position=to_position, categories=categories, batch=batch
         )
@@ -371,7 +417,15 @@ class EventStore:
         batch: int = 1000,
         heartbeat_s: float = 1.0,
     ) -> AsyncIterator[list[RecordedEvent]]:
-        """Catch up from ``from_position``, then follow live, in batches; survives server restarts."""
+        """Catch up from ``from_position``, then follow live, in batches; survives server restarts.
+
+        Arguments are checked at the call as for :meth:`read_all`; ``heartbeat_s``
+        is a number of seconds from 0.05 to 3600.
+        """
+        check_int("from_position", from_position, 1, what="a position")
+        check_categories(categories)
+        check_int("batch", batch, 1, _MAX_BATCH)
+        check_seconds("heartbeat_s", heartbeat_s, 0.05, 3600.0)
         return self._reader.subscribe(
             from_position=from_position, categories=categories, batch=batch, heartbeat_s=heartbeat_s
         )
@@ -382,12 +436,14 @@ class EventStore:
 
     def filter_subjects(self, categories: Sequence[str] | None = None) -> list[str]:
         """The NATS subject filters that select ``categories`` (all events when None)."""
+        check_categories(categories)
         return self._reader.filter_subjects(categories)
 
     # -- inspecting ---------------------------------------------------------
 
     async def state(self, stream_id: StreamId) -> StreamState:
         """An entity's current version and the position of its last commit, from the server."""
+        check_stream_id("stream_id", stream_id)
         return await self._appender.state(stream_id)
 
     async def version(self, stream_id: StreamId) -> int:
@@ -412,8 +468,8 @@ class EventStore:
         says how many more follow. Commits, not events: a commit of several
         events counts once.
         """
-        if after < 0:
-            raise ValueError(f"after must be a position (0 or more), not {after}.")
+        check_int("after", after, 0, what="a position")
+        check_categories(categories)
         commits = 0
         firsts: list[tuple[int, str]] = []
         for subject in self.filter_subjects(categories):  # disjoint filters: their counts add up
@@ -431,7 +487,11 @@ class EventStore:
 
         Built from stream info's per-subject counts (``subjects_filter``) and
         multi-last direct gets: no index of our own, no scan of the events.
+        ``offset`` is an int >= 0 and ``limit`` >= 1; else :class:`InvalidArgumentError`.
         """
+        validate_category(category)
+        check_int("offset", offset, 0)
+        check_int("limit", limit, 1)
         subjects = (await self._subject_counts(f"{validate_category(category)}.*"))[offset : offset + limit]
         versions = await self._last_versions([s for s, _ in subjects])
         prefix_len = len(self.settings.subject_prefix) + len(category) + 2
