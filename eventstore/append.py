@@ -49,7 +49,7 @@ from .registry import TypeRegistry
 from .settings import EventStoreSettings
 from .streams import StreamId
 from .validation import check_entity_append
-from .wire import Header, encode_commit, utc_now_text
+from .wire import Header, commit_version, encode_commit, utc_now_text
 
 __all__ = ["Appender", "EntityAppend", "MAX_ENTITIES_PER_APPEND"]
 
@@ -168,7 +168,7 @@ class Appender:
         if not msgs:
             return StreamState(stream_id, 0, 0)
         headers = msgs[0].headers or {}
-        state = StreamState(stream_id, int(headers[Header.VERSION]), int(headers[Header.SEQUENCE]))
+        state = StreamState(stream_id, commit_version(headers, stream_id), int(headers[Header.SEQUENCE]))
         self.remember(stream_id, state.version, state.position)
         return state
 
@@ -206,11 +206,11 @@ class Appender:
                 raise InvalidEventError(
                     f"Cannot append {event!r} to {request.stream_id}: events must be instances of registered pydantic models."
                 )
-            name, version = self._registry.name_of(type(event))
+            name, version, payload = self._registry.encode(event, request.stream_id)
             types.append(name)
             versions.append(version)
             ids.append(uuid.uuid5(uuid.NAMESPACE_URL, f"{key}/{request.stream_id}/{i}").hex if key else secrets.token_hex(16))
-            payloads.append(event.model_dump_json().encode())
+            payloads.append(payload)
         return _Commit(request, request.stream_id.subject(self._settings.subject_prefix), msg_id, types, versions, ids, payloads)
 
     async def _resolve_previous(self, commit: _Commit) -> None:

@@ -45,7 +45,7 @@ from .server import EmbeddedServer
 from .settings import EventStoreSettings
 from .streams import StreamId, decode_entity_id, validate_category
 from .validation import check_bool, check_categories, check_int, check_optional_int, check_seconds, check_stream_id
-from .wire import Header
+from .wire import Header, commit_version
 
 __all__ = ["EntityInfo", "EventStore", "StoreInfo"]
 
@@ -517,7 +517,7 @@ class EventStore:
             chunk = subjects[start : start + 1000]
             for msg in await self._appender.direct_get({"multi_last": chunk, "batch": len(chunk)}):
                 headers = msg.headers or {}
-                versions[headers[Header.SUBJECT]] = int(headers[Header.VERSION])
+                versions[headers[Header.SUBJECT]] = commit_version(headers, headers[Header.SUBJECT])
         return versions
 
 
