@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import AsyncIterator, Coroutine, Generator, Sequence
 from dataclasses import dataclass
@@ -30,7 +31,6 @@ from nats.aio.client import Client as NATS
 from nats.errors import Error as NatsError
 from nats.errors import NoServersError
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
-from nats.js.errors import NotFoundError
 from pydantic import BaseModel
 
 from . import security
@@ -43,6 +43,7 @@ from .reading import Reader
 from .registry import TypeRegistry
 from .server import EmbeddedServer
 from .settings import EventStoreSettings
+from .stream_check import config_problems
 from .streams import StreamId, decode_entity_id, validate_category
 from .validation import check_bool, check_categories, check_int, check_optional_int, check_seconds, check_stream_id
 from .wire import Header, commit_version
@@ -50,6 +51,8 @@ from .wire import Header, commit_version
 __all__ = ["EntityInfo", "EventStore", "StoreInfo"]
 
 log = logging.getLogger("jetsourcing.eventstore")
+
+_STREAM_NOT_FOUND = 10059  # JetStream err_code
 
 _MAX_BATCH = 100_000
 """The most messages one read batch may ask for (a batch is held in memory whole)."""
@@ -243,38 +246,27 @@ class EventStore:
         )
 
     async def ensure_stream(self) -> None:
-        """Create the stream if it does not exist; check it if it does. Never changes an existing stream."""
-        js = self.nc.jetstream(timeout=self.settings.request_timeout_s)
-        wanted = self.stream_config()
-        try:
-            info = await js.stream_info(self.settings.stream)
-        except NotFoundError:
+        """Create the stream if it does not exist, then check it. Never changes an existing stream.
+
+        The check is an allow-list over every setting the server reports
+        (:mod:`eventstore.stream_check`, the README's "Stream settings"): a
+        stream under whose settings an acknowledged event could vanish, be
+        rewritten or go unacknowledged (an age limit, a per-entity limit,
+        rollups, message TTLs, memory storage, ...) is refused with
+        :class:`StreamConfigError` naming each such setting and why.
+        """
+        config = await self._stream_config_json()
+        if config is None:
+            js = self.nc.jetstream(timeout=self.settings.request_timeout_s)
             try:
-                await js.add_stream(wanted)
-                return
+                await js.add_stream(self.stream_config())
             except NatsError as exc:
                 raise StreamConfigError(f"Could not create stream {self.settings.stream!r}: {exc}") from exc
-        except (NatsError, asyncio.TimeoutError) as exc:
-            raise ServerUnavailableError(
-                f"Could not read stream {self.settings.stream!r}: {exc}. Is JetStream enabled on the server (-js)?"
-            ) from exc
-        have = info.config
-        problems = []
-        if wanted.subjects and wanted.subjects[0] not in (have.subjects or []):
-            problems.append(f"subjects {have.subjects} do not include {wanted.subjects[0]!r}")
-        if have.storage != StorageType.FILE:
-            problems.append("storage is not file")
-        if have.retention not in (None, RetentionPolicy.LIMITS):
-            problems.append(f"retention is {have.retention}, which deletes events once consumed (need limits)")
-        if not have.deny_delete or not have.deny_purge:
-            problems.append("deletes or purges are allowed (need deny_delete and deny_purge)")
-        if not have.allow_direct:
-            problems.append("direct get is not allowed (need allow_direct)")
-        if not have.allow_atomic:
-            problems.append("atomic batch publish is not allowed (need allow_atomic)")
-        has_limits = bool(have.max_age) or (have.max_msgs or -1) > 0 or (have.max_bytes or -1) > 0
-        if has_limits and have.discard != DiscardPolicy.NEW:
-            problems.append("it has limits with discard policy 'old', which silently drops events (need 'new')")
+            # Check what the server made of it too (it may adjust settings, or another client raced us).
+            config = await self._stream_config_json()
+            if config is None:
+                raise StreamConfigError(f"Stream {self.settings.stream!r} vanished right after it was created.")
+        problems = config_problems(config, f"{self.settings.subject_prefix}.>")
         if problems:
             raise StreamConfigError(
                 f"Stream {self.settings.stream!r} exists with settings unfit for an event store: "
@@ -282,6 +274,28 @@ class EventStore:
                 + ". jetsourcing never changes an existing stream: fix it with the nats CLI, or use another "
                 "stream name (JETSOURCING_STREAM)."
             )
+
+    async def _stream_config_json(self) -> dict[str, Any] | None:
+        """The stream's configuration as the server reports it (every setting, also those nats-py does not model).
+
+        None when the stream does not exist.
+        """
+        name = self.settings.stream
+        try:
+            reply = await self.nc.request(f"$JS.API.STREAM.INFO.{name}", b"", timeout=self.settings.request_timeout_s)
+            info = json.loads(reply.data)
+        except (NatsError, asyncio.TimeoutError, ValueError) as exc:
+            raise ServerUnavailableError(
+                f"Could not read the settings of stream {name!r}: {exc or type(exc).__name__}. "
+                "Is JetStream enabled on the server (-js)?"
+            ) from exc
+        error = info.get("error")
+        if error is not None:
+            if error.get("err_code") == _STREAM_NOT_FOUND:
+                return None
+            raise StreamConfigError(f"Could not read the settings of stream {name!r}: {error.get('description')}.")
+        config: dict[str, Any] = info["config"]
+        return config
 
     # -- writing ------------------------------------------------------------
 
