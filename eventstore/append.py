@@ -60,6 +60,7 @@ _WRONG_LAST_SEQUENCE = 10071
 _BATCH_DUPLICATE_MSG_ID = 10201
 _STREAM_NOT_FOUND = 10059
 _MESSAGE_TOO_LARGE = 10054  # server-side max payload / max msg size refusals
+_STREAM_FULL = 10077  # max_msgs / max_bytes reached with discard new
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,6 +346,11 @@ class Appender:
         description = error.get("description", "")
         if code == _STREAM_NOT_FOUND:
             raise StreamConfigError(f"Stream {self._settings.stream!r} does not exist; create it with EventStore.ensure_stream().")
+        if code == _STREAM_FULL:
+            raise StreamConfigError(
+                f"Stream {self._settings.stream!r} is full ({description}): it has a max_msgs or max_bytes limit "
+                "with discard policy new. Nothing was stored, and every stored event stays; raise the limit."
+            )
         if "maximum" in description or "too large" in description or code == _MESSAGE_TOO_LARGE:
             raise EventTooLargeError(f"The server refused the append as too large: {description}. Nothing was stored.")
         if "atomic" in description:

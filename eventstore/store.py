@@ -312,6 +312,8 @@ class EventStore:
     ) -> AppendResult:
         """Append ``events`` to one entity, atomically, if it is at ``expected_version``.
 
+        Every argument is checked before anything is sent (see :class:`EntityAppend`):
+        a wrong one raises :class:`InvalidArgumentError` or :class:`InvalidEventError`.
         Raises :class:`ConcurrencyError` (nothing stored) if the entity moved.
         Calling again with the same ``idempotency_key`` stores nothing new and
         returns the first call's result with ``duplicate=True``.

@@ -113,6 +113,8 @@ class StreamId:
     @classmethod
     def parse(cls, text: str) -> "StreamId":
         """Parse ``"Category/entity-id"`` (the form ``str()`` gives)."""
+        if not isinstance(text, str):
+            raise InvalidStreamIdError(f"{text!r} is not a stream id; write it as the string 'Category/entity-id'.")
         category, sep, entity_id = text.partition("/")
         if not sep:
             raise InvalidStreamIdError(f"{text!r} is not a stream id; write it as 'Category/entity-id'.")

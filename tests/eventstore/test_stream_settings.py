@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from eventstore import EventStore, EventStoreError, EventStoreSettings, StreamConfigError, StreamId
+from eventstore import EventStore, EventStoreSettings, StreamConfigError, StreamId
 from eventstore.stream_check import ALLOWED, REFUSED, config_problems
 
 from ..conftest import unique_settings
@@ -154,7 +154,7 @@ async def test_a_full_stream_refuses_appends_and_keeps_every_acknowledged_event(
         accounts = [StreamId("Account", str(i)) for i in range(3)]
         for account in accounts[:2]:
             await store.append(account, [Deposited(amount=1)])
-        with pytest.raises(EventStoreError, match="Nothing was stored"):
+        with pytest.raises(StreamConfigError, match="is full.*Nothing was stored"):
             await store.append(accounts[2], [Deposited(amount=1)])
         assert await store.last_position() == 2
         assert [len(await store.read(a)) for a in accounts] == [1, 1, 0]

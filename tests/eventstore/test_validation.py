@@ -187,3 +187,9 @@ async def test_inspection_arguments_are_checked(store: EventStore) -> None:
 def test_hostile_settings_are_refused(values: dict[str, Any]) -> None:
     with pytest.raises(ValidationError, match=next(iter(values))):
         EventStoreSettings(**values)
+
+
+@pytest.mark.parametrize("text", [None, 5, b"Account/1", ["Account", "1"]], ids=repr)
+def test_parse_takes_a_string(text: Any) -> None:
+    with pytest.raises(InvalidStreamIdError, match="stream id"):
+        StreamId.parse(text)
