@@ -272,8 +272,8 @@ async def test_a_stream_is_accepted_exactly_when_none_of_its_settings_can_lose_e
     nats_url: str, hostile: set[str], benign: set[str]
 ) -> None:
     changes: dict[str, Any] = {}
-    for name in sorted(benign) + sorted(hostile):  # hostile last: its discard policy wins
-        changes.update(BENIGN.get(name) or HOSTILE[name])
+    for change in [BENIGN[name] for name in sorted(benign)] + [HOSTILE[name] for name in sorted(hostile)]:
+        changes.update(change)  # hostile last: its discard policy wins
     # A setting is named unless a later change neutralised it (another one is named then).
     refused_keys = {k for k in hostile if HOSTILE[k].get(k) == changes.get(k)}
     settings_ = unique_settings(nats_url)
