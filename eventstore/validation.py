@@ -26,6 +26,7 @@ __all__ = [
     "check_bool",
     "check_categories",
     "check_entity_append",
+    "check_expected_version",
     "check_int",
     "check_optional_int",
     "check_seconds",
