@@ -5,11 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
-from aggregates import InvalidAggregateIdError, Repository
+from aggregates import AggregateNotFoundError, InvalidAggregateIdError, Repository
 from eventstore import EventStore, InvalidArgumentError
 
-from .domain import Account
+from .domain import Account, AccountError
 
 
 @pytest.mark.parametrize("aggregate_id", [["a"], {"a": 1}, 42, None, b"alice", ""], ids=repr)
@@ -44,3 +46,34 @@ async def test_get_version_must_be_an_int_from_one(accounts: Repository[Account]
     await accounts.execute("alice", lambda a: a.open("Alice"), create=True)
     with pytest.raises(InvalidArgumentError, match="version"):
         await accounts.get("alice", version=version)
+
+
+def _open(account: Account) -> None:
+    account.open("Owner")
+
+
+ids = st.lists(
+    st.one_of(st.characters(codec=None), st.sampled_from([".", "*", ">", "%", " ", "\n", "\x00", "\ud800", "\U0001f600"])),
+    max_size=10,
+).map("".join)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    aggregate_id=st.one_of(ids, st.none(), st.integers(), st.lists(st.text(max_size=2), max_size=1)),
+    command=st.sampled_from([_open, None, "open", 5]),
+    create=st.one_of(st.booleans(), st.none(), st.integers(0, 1), st.text(max_size=2)),
+)
+@example(aggregate_id="alice.é %", command=_open, create=True)
+async def test_execute_stores_exactly_what_the_command_recorded_or_refuses_and_stores_nothing(
+    accounts: Repository[Account], store: EventStore, aggregate_id: Any, command: Any, create: Any
+) -> None:
+    before = await store.last_position()
+    try:
+        result = await accounts.execute(aggregate_id, command, create=create)
+    except (InvalidAggregateIdError, InvalidArgumentError, AggregateNotFoundError, AccountError):
+        assert await store.last_position() == before
+        return
+    assert command is _open and create is True and isinstance(aggregate_id, str)
+    assert (await Repository(store, Account).get(aggregate_id)).state.owner == "Owner"  # a fresh replay
+    assert result.position == await store.last_position()

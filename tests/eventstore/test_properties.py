@@ -17,6 +17,7 @@ from eventstore import (
     ANY,
     NO_STREAM,
     ConcurrencyError,
+    EntityAppend,
     EventStore,
     EventStoreSettings,
     EventTooLargeError,
@@ -84,6 +85,39 @@ async def test_expected_version_is_honoured_exactly_or_refused(store: EventStore
         return
     assert await store.last_position() == before
     assert await store.version(entity) == existing
+
+
+@STORE_TESTS
+@given(
+    parts=st.lists(
+        st.tuples(st.integers(0, 2), st.integers(0, 2), st.one_of(st.just("exact"), anything)), min_size=1, max_size=3
+    )
+)
+async def test_append_many_stores_every_entity_or_none(store: EventStore, parts: list[tuple[int, int, Any]]) -> None:
+    """parts: (entity number, events it already has, expected version: "exact" for the right one)."""
+    entities = {n: new_entity() for n, _, _ in parts}
+    existing = {}
+    for n, count, _ in parts:
+        if n not in existing:
+            existing[n] = count
+            for amount in range(count):
+                await store.append(entities[n], [Deposited(amount=amount)])
+    before = await store.last_position()
+    expectations = [(n, existing[n] if expected == "exact" else expected) for n, _, expected in parts]
+    acceptable = len(entities) == len(parts) and all(
+        e is ANY or (e is NO_STREAM and existing[n] == 0) or (is_int(e, 0) and e == existing[n]) for n, e in expectations
+    )
+    try:
+        results = await store.append_many([EntityAppend(entities[n], [Deposited(amount=7)], e) for n, e in expectations])
+    except (InvalidArgumentError, InvalidEventError, ConcurrencyError):
+        assert not acceptable
+        assert await store.last_position() == before
+        assert [await store.version(entities[n]) for n in existing] == list(existing.values())
+        return
+    assert acceptable
+    for (n, _, _), result in zip(parts, results):
+        assert (result.first_version, result.duplicate) == (existing[n] + 1, False)
+        assert [e.data for e in await store.read(entities[n])][-1] == Deposited(amount=7)
 
 
 @PURE_TESTS
