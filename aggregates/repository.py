@@ -20,8 +20,15 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Generic, TypeVar, cast, overload
 
-from eventstore import NO_STREAM, ConcurrencyError, EntityAppend, EventStore, InvalidArgumentError, RecordedEvent, StreamId
-
+from eventstore import (
+    NO_STREAM,
+    ConcurrencyError,
+    EntityAppend,
+    EventStore,
+    InvalidArgumentError,
+    RecordedEvent,
+    StreamId,
+)
 from eventstore.validation import check_bool, check_int
 
 from .aggregate import Aggregate

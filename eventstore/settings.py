@@ -43,7 +43,11 @@ class EventStoreSettings(BaseSettings, ConnectionSecurity):
         default="events", pattern=r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$", description="Subjects are <prefix>.<Category>.<id>."
     )
     duplicate_window_s: float = Field(
-        default=120.0, gt=0, le=7 * 86400.0, allow_inf_nan=False, description="How long the server remembers Nats-Msg-Id values."
+        default=120.0,
+        gt=0,
+        le=7 * 86400.0,
+        allow_inf_nan=False,
+        description="How long the server remembers Nats-Msg-Id values.",
     )
     replicas: int = Field(default=1, ge=1, le=5, description="Stream replicas: 1 embedded, 3 on a cluster.")
     # No max age: JetStream expires old messages past max_age whatever the discard policy, so an

@@ -355,7 +355,9 @@ class EventStore:
         """
         check_stream_id("stream_id", stream_id)
         if not isinstance(idempotency_key, str) or not idempotency_key:
-            raise InvalidArgumentError(f"Invalid idempotency_key: {idempotency_key!r:.80}; it must be a non-empty string.")
+            raise InvalidArgumentError(
+                f"Invalid idempotency_key: {idempotency_key!r:.80}; it must be a non-empty string."
+            )
         return await self._appender.find_append(stream_id, idempotency_key)
 
     def remember(self, stream_id: StreamId, version: int, position: int) -> None:

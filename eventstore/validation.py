@@ -82,7 +82,9 @@ def check_seconds(name: str, value: object, minimum: float, maximum: float) -> f
 def check_stream_id(name: str, value: object) -> StreamId:
     """``value`` if it is a :class:`StreamId`; a string is refused (write ``StreamId(category, id)``)."""
     if not isinstance(value, StreamId):
-        raise _refuse(name, value, "it must be a StreamId, e.g. StreamId('Account', '42') or StreamId.parse('Account/42')")
+        raise _refuse(
+            name, value, "it must be a StreamId, e.g. StreamId('Account', '42') or StreamId.parse('Account/42')"
+        )
     return value
 
 
