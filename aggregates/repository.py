@@ -20,7 +20,16 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Generic, TypeVar, cast, overload
 
-from eventstore import NO_STREAM, ConcurrencyError, EntityAppend, EventStore, RecordedEvent, StreamId
+from eventstore import (
+    NO_STREAM,
+    ConcurrencyError,
+    EntityAppend,
+    EventStore,
+    InvalidArgumentError,
+    RecordedEvent,
+    StreamId,
+)
+from eventstore.validation import check_bool, check_int
 
 from .aggregate import Aggregate
 from .commands import CommandResult, RetryPolicy
@@ -106,14 +115,14 @@ class Repository(Generic[A]):
 
         Raises :class:`AggregateNotFoundError` when it has no events (or fewer
         than ``version``) and :class:`InvalidAggregateIdError` for an id that
-        cannot name a stream. The returned object is yours: changing it changes
-        nothing stored until you save it.
+        cannot name a stream; ``version`` must be None or an int >= 1 (versions
+        count events from 1), else :class:`~eventstore.InvalidArgumentError`.
+        The returned object is yours: changing it changes nothing stored until
+        you save it.
         """
         self.aggregate_type._stream_id(aggregate_id)
         if version is not None:
-            if version < 1:
-                raise ValueError(f"version counts events from 1; there is no version {version}.")
-            return await self._load_at(aggregate_id, version)
+            return await self._load_at(aggregate_id, check_int("version", version, 1))
         cached = self._cache_get(aggregate_id)
         if cached is not None:
             aggregate = cached._copy()
@@ -305,8 +314,18 @@ class Repository(Generic[A]):
           ``causation_id`` defaults to ``command_id``.
 
         ``command`` may be a plain function or a coroutine function; its
-        return value is returned as ``value``.
+        return value is returned as ``value``. Arguments are checked before
+        anything is loaded: an id that cannot name a stream raises
+        :class:`InvalidAggregateIdError`; a ``command`` that is not callable or
+        a ``create`` that is not a bool raises :class:`~eventstore.InvalidArgumentError`.
         """
+        if not isinstance(aggregate_id, str):  # the cache lookup below must not meet an unhashable id
+            self.aggregate_type._stream_id(aggregate_id)
+        if not callable(command):
+            raise InvalidArgumentError(
+                f"Invalid command: {command!r:.80} is not callable; pass a function taking the aggregate."
+            )
+        check_bool("create", create)
         cached = self._cache.get(aggregate_id)
         stream_id = cached.stream_id if cached is not None else self.aggregate_type._stream_id(aggregate_id)
         causation_id = causation_id or command_id

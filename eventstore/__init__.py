@@ -5,7 +5,9 @@ facade), then ``append.py`` (optimistic concurrency, idempotency, atomic
 commits), ``wire.py`` (the message layout), ``reading.py`` and ``consumer.py``
 (loading one entity, replaying the stream), ``server.py`` (the embedded
 nats-server), ``security.py`` and ``connection.py`` (credentials, TLS, and the
-nats-py connection) and ``errors.py``.
+nats-py connection), ``validation.py`` (the public arguments' checks),
+``stream_check.py`` (which stream settings keep acknowledged events) and
+``errors.py``.
 """
 
 from .append import MAX_ENTITIES_PER_APPEND, EntityAppend
@@ -16,6 +18,7 @@ from .errors import (
     EventDecodeError,
     EventStoreError,
     EventTooLargeError,
+    InvalidArgumentError,
     InvalidEventError,
     InvalidStreamIdError,
     ServerUnavailableError,
@@ -47,6 +50,7 @@ __all__ = [
     "EventTooLargeError",
     "ExpectedVersion",
     "Header",
+    "InvalidArgumentError",
     "InvalidEventError",
     "InvalidStreamIdError",
     "MAX_ENTITIES_PER_APPEND",

@@ -48,7 +48,8 @@ from .inbox import Inbox
 from .registry import TypeRegistry
 from .settings import EventStoreSettings
 from .streams import StreamId
-from .wire import Header, encode_commit, utc_now_text
+from .validation import check_entity_append
+from .wire import Header, commit_version, encode_commit, utc_now_text
 
 __all__ = ["Appender", "EntityAppend", "MAX_ENTITIES_PER_APPEND"]
 
@@ -59,16 +60,29 @@ _WRONG_LAST_SEQUENCE = 10071
 _BATCH_DUPLICATE_MSG_ID = 10201
 _STREAM_NOT_FOUND = 10059
 _MESSAGE_TOO_LARGE = 10054  # server-side max payload / max msg size refusals
+_STREAM_FULL = 10077  # max_msgs / max_bytes reached with discard new
 
 
 @dataclass(frozen=True, slots=True)
 class EntityAppend:
-    """Events to append to one entity, with the version the caller expects it to be at."""
+    """Events to append to one entity, with the version the caller expects it to be at.
+
+    Checked on construction, so a wrong argument never reaches the server:
+    ``stream_id`` a :class:`StreamId`; ``events`` a non-empty sequence of
+    pydantic model instances; ``expected_version`` an int >= 0, ``NO_STREAM``
+    or ``ANY`` (nothing else, so a mistyped version cannot silently disable the
+    concurrency check); ``expected_position`` None, or the position of the
+    entity's commit at an exact ``expected_version`` (0 with version 0).
+    Raises :class:`InvalidArgumentError` or :class:`InvalidEventError`.
+    """
 
     stream_id: StreamId
     events: Sequence[BaseModel]
     expected_version: ExpectedVersion = ANY
     expected_position: int | None = None
+
+    def __post_init__(self) -> None:
+        check_entity_append(self)
 
 
 @dataclass(slots=True)
@@ -156,7 +170,7 @@ class Appender:
         if not msgs:
             return StreamState(stream_id, 0, 0)
         headers = msgs[0].headers or {}
-        state = StreamState(stream_id, int(headers[Header.VERSION]), int(headers[Header.SEQUENCE]))
+        state = StreamState(stream_id, commit_version(headers, stream_id), int(headers[Header.SEQUENCE]))
         self.remember(stream_id, state.version, state.position)
         return state
 
@@ -196,11 +210,11 @@ class Appender:
                 raise InvalidEventError(
                     f"Cannot append {event!r} to {request.stream_id}: events must be instances of registered pydantic models."
                 )
-            name, version = self._registry.name_of(type(event))
+            name, version, payload = self._registry.encode(event, request.stream_id)
             types.append(name)
             versions.append(version)
             ids.append(uuid.uuid5(uuid.NAMESPACE_URL, f"{key}/{request.stream_id}/{i}").hex if key else secrets.token_hex(16))
-            payloads.append(event.model_dump_json().encode())
+            payloads.append(payload)
         return _Commit(request, request.stream_id.subject(self._settings.subject_prefix), msg_id, types, versions, ids, payloads)
 
     async def _resolve_previous(self, commit: _Commit) -> None:
@@ -336,6 +350,11 @@ class Appender:
         description = error.get("description", "")
         if code == _STREAM_NOT_FOUND:
             raise StreamConfigError(f"Stream {self._settings.stream!r} does not exist; create it with EventStore.ensure_stream().")
+        if code == _STREAM_FULL:
+            raise StreamConfigError(
+                f"Stream {self._settings.stream!r} is full ({description}): it has a max_msgs or max_bytes limit "
+                "with discard policy new. Nothing was stored, and every stored event stays; raise the limit."
+            )
         if "maximum" in description or "too large" in description or code == _MESSAGE_TOO_LARGE:
             raise EventTooLargeError(f"The server refused the append as too large: {description}. Nothing was stored.")
         if "atomic" in description:

@@ -4,6 +4,7 @@ Every error the package raises derives from :class:`EventStoreError`, and says
 what was wrong and what to do about it::
 
     EventStoreError
+    ├── InvalidArgumentError      a call's argument has the wrong type or value (also TypeError, ValueError)
     ├── ConcurrencyError          an append's expected version did not hold
     ├── InvalidStreamIdError      a category or entity id cannot name a stream
     ├── InvalidEventError         an event cannot be stored (bad type name, empty append, ...)
@@ -39,6 +40,7 @@ __all__ = [
     "EventDecodeError",
     "EventStoreError",
     "EventTooLargeError",
+    "InvalidArgumentError",
     "InvalidEventError",
     "InvalidStreamIdError",
     "ServerUnavailableError",
@@ -51,6 +53,15 @@ __all__ = [
 
 class EventStoreError(Exception):
     """Base of every error raised by :mod:`eventstore`."""
+
+
+class InvalidArgumentError(EventStoreError, TypeError, ValueError):
+    """An argument of a public call has the wrong type or value; raised before anything is sent.
+
+    The message names the argument, the value given and what is allowed. It is
+    both a :class:`TypeError` and a :class:`ValueError`, so code that catches
+    either keeps working.
+    """
 
 
 class ConcurrencyError(EventStoreError):

@@ -12,11 +12,15 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
+from pydantic_core import PydanticSerializationError
 
 from .errors import EventDecodeError, InvalidEventError, UnknownEventTypeError
+
+if TYPE_CHECKING:
+    from .streams import StreamId
 
 __all__ = ["TypeRegistry", "Upcaster"]
 
@@ -94,6 +98,44 @@ class TypeRegistry:
                 f"Event class {model.__qualname__} is not registered; register it with "
                 "TypeRegistry.register (aggregates' DomainEvent subclasses register themselves)."
             ) from None
+
+    def encode(self, event: BaseModel, stream_id: "StreamId | None" = None) -> tuple[str, int, bytes]:
+        """The (type name, schema version, JSON payload) to store for a registered model instance.
+
+        Guarantees that the payload decodes back into an event equal to
+        ``event``: what cannot be read back is refused here, with
+        :class:`InvalidEventError` naming the entity (``stream_id``), the type
+        and the field, instead of being stored and failing every later load.
+        That covers NaN and infinite floats (JSON has no such numbers; they
+        would be written as ``null``), ``bytes`` that are not UTF-8, strings
+        with lone surrogates, and any field whose serialisation loses
+        information (an excluded field, a lossy custom serializer).
+        """
+        name, version = self.name_of(type(event))
+        where = f" to {stream_id}" if stream_id is not None else ""
+        try:
+            payload = event.model_dump_json().encode()
+        except (PydanticSerializationError, UnicodeEncodeError) as exc:
+            raise InvalidEventError(
+                f"Cannot append {name}{where}: it cannot be written as JSON ({exc}). Nothing was stored."
+            ) from None
+        try:
+            back = type(event).model_validate_json(payload)
+        except ValidationError as exc:
+            fields = ", ".join(".".join(map(str, e["loc"])) or "the event" for e in exc.errors())
+            raise InvalidEventError(
+                f"Cannot append {name}{where}: field {fields} would be stored as JSON that does not validate "
+                f"back into {type(event).__qualname__} (NaN and infinite floats, for example, become null). "
+                "Nothing was stored."
+            ) from None
+        if back != event:
+            lost = [f for f in type(event).model_fields if getattr(back, f, None) != getattr(event, f, None)]
+            raise InvalidEventError(
+                f"Cannot append {name}{where}: field {', '.join(lost) or '(private or extra attributes)'} would "
+                "read back with a different value (NaN, for example, never equals itself; excluded fields and "
+                "lossy serializers drop data). Nothing was stored."
+            )
+        return name, version, payload
 
     def model_for(self, type_name: str) -> tuple[type[BaseModel], int]:
         """The (model, current schema version) registered under ``type_name``."""

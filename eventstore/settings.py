@@ -42,13 +42,22 @@ class EventStoreSettings(BaseSettings, ConnectionSecurity):
     subject_prefix: str = Field(
         default="events", pattern=r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$", description="Subjects are <prefix>.<Category>.<id>."
     )
-    duplicate_window_s: float = Field(default=120.0, gt=0, description="How long the server remembers Nats-Msg-Id values.")
+    duplicate_window_s: float = Field(
+        default=120.0,
+        gt=0,
+        le=7 * 86400.0,
+        allow_inf_nan=False,
+        description="How long the server remembers Nats-Msg-Id values.",
+    )
     replicas: int = Field(default=1, ge=1, le=5, description="Stream replicas: 1 embedded, 3 on a cluster.")
-    max_age_s: float | None = Field(default=None, gt=0, description="None: events never expire (the default for an event store).")
-    max_msgs: int | None = Field(default=None, gt=0)
-    max_bytes: int | None = Field(default=None, gt=0)
-    request_timeout_s: float = Field(default=5.0, gt=0, description="How long to wait for one server reply.")
-    append_retries: int = Field(default=3, ge=0, description="Resends of a commit whose acknowledgement timed out.")
+    # No max age: JetStream expires old messages past max_age whatever the discard policy, so an
+    # age limit would delete acknowledged events. Count and size limits refuse new writes instead.
+    max_msgs: int | None = Field(default=None, gt=0, description="None: no limit; else appends beyond it are refused.")
+    max_bytes: int | None = Field(default=None, gt=0, description="None: no limit; else appends beyond it are refused.")
+    request_timeout_s: float = Field(
+        default=5.0, ge=0.05, le=3600.0, allow_inf_nan=False, description="How long to wait for one server reply."
+    )
+    append_retries: int = Field(default=3, ge=0, le=20, description="Resends of a commit whose acknowledgement timed out.")
     storage_dir: Path | None = Field(default=None, description="Embedded server's storage; None: a temporary directory.")
     sync_always: bool = Field(default=False, description="Embedded server fsyncs before every acknowledgement.")
     connect_name: str = Field(default="jetsourcing", description="Client name shown by the server.")

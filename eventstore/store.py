@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import math
 import time
@@ -32,25 +33,31 @@ from nats.aio.client import Client as NATS
 from nats.errors import Error as NatsError
 from nats.errors import NoServersError
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
-from nats.js.errors import NotFoundError
 from pydantic import BaseModel
 
 from . import security
 from .append import Appender, EntityAppend
 from .connection import connect as connect_nats
-from .errors import AuthenticationError, ServerUnavailableError, StreamConfigError, map_nats_error
+from .errors import AuthenticationError, InvalidArgumentError, ServerUnavailableError, StreamConfigError, map_nats_error
 from .events import ANY, AppendResult, ExpectedVersion, RecordedEvent, StreamState
 from .inbox import Inbox
 from .reading import Reader
 from .registry import TypeRegistry
 from .server import EmbeddedServer
 from .settings import EventStoreSettings
+from .stream_check import config_problems
 from .streams import StreamId, decode_entity_id, validate_category
-from .wire import Header
+from .validation import check_bool, check_categories, check_int, check_optional_int, check_seconds, check_stream_id
+from .wire import Header, commit_version
 
 __all__ = ["EntityInfo", "EventStore", "StoreInfo"]
 
 log = logging.getLogger("jetsourcing.eventstore")
+
+_STREAM_NOT_FOUND = 10059  # JetStream err_code
+
+_MAX_BATCH = 100_000
+"""The most messages one read batch may ask for (a batch is held in memory whole)."""
 
 
 class _ConnectionLog:
@@ -267,14 +274,13 @@ class EventStore:
     def stream_config(self) -> StreamConfig:
         """The stream settings an event store needs (see the README's 'Stream layout')."""
         s = self.settings
-        limited = any(v is not None for v in (s.max_age_s, s.max_msgs, s.max_bytes))
+        limited = s.max_msgs is not None or s.max_bytes is not None
         return StreamConfig(
             name=s.stream,
             subjects=[f"{s.subject_prefix}.>"],
             storage=StorageType.FILE,
             retention=RetentionPolicy.LIMITS,
             discard=DiscardPolicy.NEW if limited else DiscardPolicy.OLD,
-            max_age=s.max_age_s,
             max_msgs=s.max_msgs or -1,
             max_bytes=s.max_bytes or -1,
             duplicate_window=s.duplicate_window_s,
@@ -286,42 +292,31 @@ class EventStore:
         )
 
     async def ensure_stream(self) -> None:
-        """Create the stream if it does not exist; check it if it does. Never changes an existing stream.
+        """Create the stream if it does not exist, then check it. Never changes an existing stream.
 
-        Raises :class:`StreamConfigError` for an unfit stream, and
-        :class:`ServerUnavailableError` within about ``request_timeout_s`` when
-        the server (or JetStream) does not answer.
+        The check is an allow-list over every setting the server reports
+        (:mod:`eventstore.stream_check`, the README's "Stream settings"): a
+        stream under whose settings an acknowledged event could vanish, be
+        rewritten or go unacknowledged (an age limit, a per-entity limit,
+        rollups, message TTLs, memory storage, ...) is refused with
+        :class:`StreamConfigError` naming each such setting and why. A server
+        (or JetStream) that does not answer raises
+        :class:`ServerUnavailableError` within about ``request_timeout_s``.
         """
-        timeout_s = self.settings.request_timeout_s
-        js = self.nc.jetstream(timeout=timeout_s)
-        wanted = self.stream_config()
-        try:
-            with map_nats_error(f"Reading the configuration of stream {self.settings.stream!r}", timeout_s):
-                info = await js.stream_info(self.settings.stream)
-        except NotFoundError:
+        config = await self._stream_config_json()
+        if config is None:
+            timeout_s = self.settings.request_timeout_s
+            js = self.nc.jetstream(timeout=timeout_s)
             try:
                 with map_nats_error(f"Creating stream {self.settings.stream!r}", timeout_s):
-                    await js.add_stream(wanted)
-                return
+                    await js.add_stream(self.stream_config())
             except NatsError as exc:  # JetStream refused it
                 raise StreamConfigError(f"Could not create stream {self.settings.stream!r}: {exc}") from exc
-        have = info.config
-        problems = []
-        if wanted.subjects and wanted.subjects[0] not in (have.subjects or []):
-            problems.append(f"subjects {have.subjects} do not include {wanted.subjects[0]!r}")
-        if have.storage != StorageType.FILE:
-            problems.append("storage is not file")
-        if have.retention not in (None, RetentionPolicy.LIMITS):
-            problems.append(f"retention is {have.retention}, which deletes events once consumed (need limits)")
-        if not have.deny_delete or not have.deny_purge:
-            problems.append("deletes or purges are allowed (need deny_delete and deny_purge)")
-        if not have.allow_direct:
-            problems.append("direct get is not allowed (need allow_direct)")
-        if not have.allow_atomic:
-            problems.append("atomic batch publish is not allowed (need allow_atomic)")
-        has_limits = bool(have.max_age) or (have.max_msgs or -1) > 0 or (have.max_bytes or -1) > 0
-        if has_limits and have.discard != DiscardPolicy.NEW:
-            problems.append("it has limits with discard policy 'old', which silently drops events (need 'new')")
+            # Check what the server made of it too (it may adjust settings, or another client raced us).
+            config = await self._stream_config_json()
+            if config is None:
+                raise StreamConfigError(f"Stream {self.settings.stream!r} vanished right after it was created.")
+        problems = config_problems(config, f"{self.settings.subject_prefix}.>")
         if problems:
             raise StreamConfigError(
                 f"Stream {self.settings.stream!r} exists with settings unfit for an event store: "
@@ -329,6 +324,30 @@ class EventStore:
                 + ". jetsourcing never changes an existing stream: fix it with the nats CLI, or use another "
                 "stream name (JETSOURCING_STREAM)."
             )
+
+    async def _stream_config_json(self) -> dict[str, Any] | None:
+        """The stream's configuration as the server reports it (every setting, also those nats-py does not model).
+
+        None when the stream does not exist.
+        """
+        name = self.settings.stream
+        timeout_s = self.settings.request_timeout_s
+        with map_nats_error(f"Reading the settings of stream {name!r}", timeout_s):
+            reply = await self.nc.request(f"$JS.API.STREAM.INFO.{name}", b"", timeout=timeout_s)
+        try:
+            info = json.loads(reply.data)
+        except ValueError as exc:
+            raise ServerUnavailableError(
+                f"Reading the settings of stream {name!r}: the server's answer is not JSON ({exc}). "
+                "Is this a NATS server with JetStream enabled (-js)?"
+            ) from exc
+        error = info.get("error")
+        if error is not None:
+            if error.get("err_code") == _STREAM_NOT_FOUND:
+                return None
+            raise StreamConfigError(f"Could not read the settings of stream {name!r}: {error.get('description')}.")
+        config: dict[str, Any] = info["config"]
+        return config
 
     # -- writing ------------------------------------------------------------
 
@@ -345,6 +364,8 @@ class EventStore:
     ) -> AppendResult:
         """Append ``events`` to one entity, atomically, if it is at ``expected_version``.
 
+        Every argument is checked before anything is sent (see :class:`EntityAppend`):
+        a wrong one raises :class:`InvalidArgumentError` or :class:`InvalidEventError`.
         Raises :class:`ConcurrencyError` (nothing stored) if the entity moved.
         Calling again with the same ``idempotency_key`` stores nothing new and
         returns the first call's result with ``duplicate=True``.
@@ -368,6 +389,12 @@ class EventStore:
         Each entity's expected version is checked by the server; a conflict on
         any one rejects the whole append with :class:`ConcurrencyError`.
         """
+        if isinstance(requests, (str, bytes)) or not isinstance(requests, Sequence) or not all(
+            isinstance(r, EntityAppend) for r in requests
+        ):
+            raise InvalidArgumentError(
+                f"Invalid requests: {requests!r:.80}; append_many takes a list of EntityAppend, one per entity."
+            )
         return await self._appender.append(
             requests, idempotency_key=idempotency_key, correlation_id=correlation_id, causation_id=causation_id
         )
@@ -378,10 +405,24 @@ class EventStore:
         Searches the entity's commits, so it finds appends of any age (not only
         within the duplicate window).
         """
+        check_stream_id("stream_id", stream_id)
+        if not isinstance(idempotency_key, str) or not idempotency_key:
+            raise InvalidArgumentError(
+                f"Invalid idempotency_key: {idempotency_key!r:.80}; it must be a non-empty string."
+            )
         return await self._appender.find_append(stream_id, idempotency_key)
 
     def remember(self, stream_id: StreamId, version: int, position: int) -> None:
-        """Tell the store an entity's (version, position), e.g. from a snapshot, to save a lookup on append."""
+        """Tell the store an entity's (version, position), e.g. from a snapshot, to save a lookup on append.
+
+        Both are ints >= 0, and 0 together (an entity without events); else :class:`InvalidArgumentError`.
+        """
+        check_stream_id("stream_id", stream_id)
+        if (check_int("version", version, 0) == 0) != (check_int("position", position, 0) == 0):
+            raise InvalidArgumentError(
+                f"Invalid (version, position) ({version}, {position}) for {stream_id}: both are 0 for an entity "
+                "without events, both >= 1 for one with events."
+            )
         self._appender.remember(stream_id, version, position)
 
     # -- reading ------------------------------------------------------------
@@ -395,9 +436,23 @@ class EventStore:
         from_position: int = 1,
         consistent: bool = False,
     ) -> list[RecordedEvent]:
-        """One entity's events, in version order (empty if it has none). See :meth:`Reader.read`."""
+        """One entity's events, in version order (empty if it has none). See :meth:`Reader.read`.
+
+        ``from_version`` >= 1, ``to_version`` None or >= ``from_version``,
+        ``from_position`` >= 0 (ints; 0 and 1 both mean from the start),
+        ``consistent`` a bool; else :class:`InvalidArgumentError`.
+        """
+        check_stream_id("stream_id", stream_id)
+        check_int("from_version", from_version, 1, what="a version")
+        check_optional_int("to_version", to_version, from_version, what="a version")
+        check_int("from_position", from_position, 0, what="a position")
+        check_bool("consistent", consistent)
         return await self._reader.read(
-            stream_id, from_version=from_version, to_version=to_version, from_position=from_position, consistent=consistent
+            stream_id,
+            from_version=from_version,
+            to_version=to_version,
+            from_position=max(1, from_position),
+            consistent=consistent,
         )
 
     def read_all(
@@ -408,7 +463,18 @@ class EventStore:
         categories: Sequence[str] | None = None,
         batch: int = 1000,
     ) -> AsyncIterator[list[RecordedEvent]]:
-        """Every event (of ``categories``, or all) in global order, in batches, up to the last position at the start."""
+        """Every event (of ``categories``, or all) in global order, in batches, up to the last position at the start.
+
+        The arguments are checked at the call, before iteration starts:
+        positions are ints (``from_position`` >= 1, ``to_position`` None or >= 0),
+        ``categories`` None or a list of category names, ``batch`` an int from
+        1 to 100,000; else :class:`InvalidArgumentError` (or
+        :class:`InvalidStreamIdError` for a bad category name).
+        """
+        check_int("from_position", from_position, 1, what="a position")
+        check_optional_int("to_position", to_position, 0, what="a position")
+        check_categories(categories)
+        check_int("batch", batch, 1, _MAX_BATCH)
         return self._reader.read_all(
             from_position=from_position, to_position=to_position, categories=categories, batch=batch
         )
@@ -421,7 +487,15 @@ class EventStore:
         batch: int = 1000,
         heartbeat_s: float = 1.0,
     ) -> AsyncIterator[list[RecordedEvent]]:
-        """Catch up from ``from_position``, then follow live, in batches; survives server restarts."""
+        """Catch up from ``from_position``, then follow live, in batches; survives server restarts.
+
+        Arguments are checked at the call as for :meth:`read_all`; ``heartbeat_s``
+        is a number of seconds from 0.05 to 3600.
+        """
+        check_int("from_position", from_position, 1, what="a position")
+        check_categories(categories)
+        check_int("batch", batch, 1, _MAX_BATCH)
+        check_seconds("heartbeat_s", heartbeat_s, 0.05, 3600.0)
         return self._reader.subscribe(
             from_position=from_position, categories=categories, batch=batch, heartbeat_s=heartbeat_s
         )
@@ -432,12 +506,14 @@ class EventStore:
 
     def filter_subjects(self, categories: Sequence[str] | None = None) -> list[str]:
         """The NATS subject filters that select ``categories`` (all events when None)."""
+        check_categories(categories)
         return self._reader.filter_subjects(categories)
 
     # -- inspecting ---------------------------------------------------------
 
     async def state(self, stream_id: StreamId) -> StreamState:
         """An entity's current version and the position of its last commit, from the server."""
+        check_stream_id("stream_id", stream_id)
         return await self._appender.state(stream_id)
 
     async def version(self, stream_id: StreamId) -> int:
@@ -463,8 +539,8 @@ class EventStore:
         says how many more follow. Commits, not events: a commit of several
         events counts once.
         """
-        if after < 0:
-            raise ValueError(f"after must be a position (0 or more), not {after}.")
+        check_int("after", after, 0, what="a position")
+        check_categories(categories)
         commits = 0
         firsts: list[tuple[int, str]] = []
         what = f"Counting the commits after position {after}"
@@ -483,9 +559,13 @@ class EventStore:
 
         Built from stream info's per-subject counts (``subjects_filter``) and
         multi-last direct gets: no index of our own, no scan of the events.
+        ``offset`` is an int >= 0 and ``limit`` >= 1; else :class:`InvalidArgumentError`.
         """
+        validate_category(category)
+        check_int("offset", offset, 0)
+        check_int("limit", limit, 1)
         what = f"Listing the entities of category {category!r}"
-        subjects = (await self._subject_counts(f"{validate_category(category)}.*", what))[offset : offset + limit]
+        subjects = (await self._subject_counts(f"{category}.*", what))[offset : offset + limit]
         versions = await self._last_versions([s for s, _ in subjects], what)
         prefix_len = len(self.settings.subject_prefix) + len(category) + 2
         return [
@@ -514,7 +594,7 @@ class EventStore:
             chunk = subjects[start : start + 1000]
             for msg in await self._appender.direct_get({"multi_last": chunk, "batch": len(chunk)}, what=what):
                 headers = msg.headers or {}
-                versions[headers[Header.SUBJECT]] = int(headers[Header.VERSION])
+                versions[headers[Header.SUBJECT]] = commit_version(headers, headers[Header.SUBJECT])
         return versions
 
 

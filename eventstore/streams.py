@@ -5,7 +5,7 @@ Every entity has its own subject, ``<prefix>.<Category>.<entity id>``.
 * A **category** must be a plain identifier (``[A-Za-z][A-Za-z0-9_-]*``, at most
   64 characters); anything else is rejected with :class:`InvalidStreamIdError`.
 * An **entity id** may be any non-empty string of at most 256 characters without
-  control characters. It is encoded reversibly into one subject token: printable
+  control characters or lone surrogates. It is encoded reversibly into one subject token: printable
   ASCII passes through, while ``.``, ``*``, ``>``, ``%``, whitespace and
   non-ASCII characters become ``%XX`` escapes of their UTF-8 bytes (so
   ``alice@example.com`` is stored as ``alice@example%2Ecom``). Other NATS clients
@@ -54,6 +54,12 @@ def encode_entity_id(entity_id: str) -> str:
     if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in entity_id):
         raise InvalidStreamIdError(
             f"Invalid entity id {entity_id!r}: control characters are not allowed in entity ids."
+        )
+    if any("\ud800" <= ch <= "\udfff" for ch in entity_id):
+        # A lone surrogate has no UTF-8 form, so it could not be escaped into the subject.
+        raise InvalidStreamIdError(
+            f"Invalid entity id {entity_id!r}: it contains a lone surrogate (not a Unicode character); "
+            "decode the id properly (e.g. from UTF-8) before using it."
         )
     if all(ch in _PLAIN for ch in entity_id):
         return entity_id
@@ -107,6 +113,8 @@ class StreamId:
     @classmethod
     def parse(cls, text: str) -> "StreamId":
         """Parse ``"Category/entity-id"`` (the form ``str()`` gives)."""
+        if not isinstance(text, str):
+            raise InvalidStreamIdError(f"{text!r} is not a stream id; write it as the string 'Category/entity-id'.")
         category, sep, entity_id = text.partition("/")
         if not sep:
             raise InvalidStreamIdError(f"{text!r} is not a stream id; write it as 'Category/entity-id'.")

@@ -33,7 +33,7 @@ from .events import RecordedEvent
 from .registry import TypeRegistry
 from .streams import StreamId
 
-__all__ = ["Header", "decode_commit", "encode_commit", "utc_now_text"]
+__all__ = ["Header", "commit_version", "decode_commit", "encode_commit", "utc_now_text"]
 
 
 class Header:
@@ -91,6 +91,23 @@ def encode_commit(
     if causation_id:
         headers[Header.CAUSATION_ID] = causation_id
     return headers, b"\n".join(payloads)
+
+
+def commit_version(headers: Mapping[str, str] | None, where: object) -> int:
+    """The entity's version after the stored commit with these headers (a direct get reply's).
+
+    Raises :class:`EventDecodeError` naming the position and ``where`` (the
+    entity or subject) when the message was not written by jetsourcing.
+    """
+    headers = headers or {}
+    try:
+        return int(headers[Header.VERSION])
+    except (KeyError, ValueError):
+        raise EventDecodeError(
+            f"Message at position {headers.get(Header.SEQUENCE, '?')} on {where} has no valid {Header.VERSION} "
+            "header: it was not written by jetsourcing, so the entity's version is unknown. Keep foreign "
+            "messages off the event subjects."
+        ) from None
 
 
 def decode_commit(
