@@ -245,10 +245,10 @@ async def test_a_commit_pushed_over_max_payload_by_its_headers_is_refused_and_th
 
 
 async def test_many_events_with_long_type_names_are_refused_and_the_store_stays_open(store: EventStore) -> None:
-    long_named: type[BaseModel] = create_model("LongNamed", n=(int, ...))
+    long_named: type[BaseModel] = create_model("LongNamed")  # tiny bodies: the headers make the size
     store.registry.register(long_named, name="T" * 128)
     with pytest.raises(EventTooLargeError, match="max_payload"):
-        await store.append(B, [long_named(n=i) for i in range(6_450)])
+        await store.append(B, [long_named() for _ in range(6_450)])
     assert await store.read(B) == []
     await _still_works(store)
 
