@@ -11,7 +11,7 @@ from eventstore import EventStore, EventStoreSettings, ServerUnavailableError
 from tests.conftest import unique_settings
 from tests.support.proxy import AckDropper
 
-from .domain import Account
+from .domain import Account, InsufficientFunds
 
 WINDOW_S = 1.0
 
@@ -42,11 +42,13 @@ async def test_command_ids_compare_exactly(store: EventStore) -> None:
     accounts = Repository(store, Account)
     await accounts.execute("alice", lambda a: a.open("Alice"), create=True)
     await accounts.execute("alice", lambda a: a.deposit(1), command_id="order-7:1")
+    with pytest.raises(InsufficientFunds):  # a refusal is a refusal, not the success of "order-7:1"
+        await Repository(store, Account).execute("alice", lambda a: a.withdraw(1000), command_id="order-7")
     other = await accounts.execute("alice", lambda a: a.deposit(2), command_id="order-7")
     assert not other.duplicate
-    refused = await Repository(store, Account).execute("alice", lambda a: a.deposit(3), command_id="order-7:")
-    assert not refused.duplicate
-    assert await _deposits(store, accounts) == [1, 2, 3]
+    with pytest.raises(InsufficientFunds):
+        await Repository(store, Account).execute("alice", lambda a: a.withdraw(1000), command_id="order-7:")
+    assert await _deposits(store, accounts) == [1, 2]
 
 
 async def test_after_a_lost_ack_a_retried_command_returns_the_first_run(nats_url: str) -> None:
