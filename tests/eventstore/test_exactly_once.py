@@ -276,3 +276,26 @@ def _commit_size(probe: AppendResult) -> int:
     )
     headers[Header.EXPECTED_LAST_SUBJECT_SEQUENCE] = str(probe.position)
     return header_block_size(headers) + len(body)
+
+
+async def test_a_keyed_any_retry_is_recognised_within_the_duplicate_window_and_after_it_when_stale(
+    nats_url: str,
+) -> None:
+    """The documented reach of a keyed ANY append's idempotency (README, "Idempotency")."""
+    settings = unique_settings(nats_url, duplicate_window_s=1)
+    store = await _connect(settings)
+    try:
+        first = await store.append(A, [Deposited(amount=1)], ANY, idempotency_key="K")
+        assert (await store.append(A, [Deposited(amount=1)], ANY, idempotency_key="K")).duplicate
+        stale = await _connect(settings)  # its view of A is from before the next write
+        await stale.state(A)
+        await store.append(A, [Deposited(amount=2)], ANY)
+        await asyncio.sleep(1.5)
+        again = await stale.append(A, [Deposited(amount=1)], ANY, idempotency_key="K")
+        assert (again.duplicate, again.position) == (True, first.position)
+        fresh = await _connect(settings)  # up to date, after the window: the server no longer knows K
+        assert not (await fresh.append(A, [Deposited(amount=1)], ANY, idempotency_key="K")).duplicate
+        await asyncio.gather(stale.close(), fresh.close())
+        assert await _events(store, A) == [[1, 2, 1]]
+    finally:
+        await store.close()
