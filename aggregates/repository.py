@@ -20,7 +20,8 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Generic, TypeVar, cast, overload
 
-from eventstore import NO_STREAM, ConcurrencyError, EntityAppend, EventStore, RecordedEvent, StreamId
+from eventstore import NO_STREAM, ConcurrencyError, EntityAppend, EventStore, InvalidEventError, RecordedEvent, StreamId
+from eventstore.wire import check_metadata
 
 from .aggregate import Aggregate
 from .commands import CommandResult, RetryPolicy
@@ -308,14 +309,18 @@ class Repository(Generic[A]):
           rerun racing the first run is caught by the server's concurrency
           check and deduplication. Ids compare exactly; use one per command.
         * ``correlation_id`` and ``causation_id`` are stored with every event;
-          ``causation_id`` defaults to ``command_id``.
+          ``causation_id`` defaults to ``command_id`` when a header can carry
+          it unchanged (see :func:`eventstore.wire.check_metadata`).
 
         ``command`` may be a plain function or a coroutine function; its
         return value is returned as ``value``.
         """
         cached = self._cache.get(aggregate_id)
         stream_id = cached.stream_id if cached is not None else self.aggregate_type._stream_id(aggregate_id)
-        causation_id = causation_id or command_id
+        if command_id is not None and (not isinstance(command_id, str) or not command_id):
+            raise InvalidEventError(f"command_id must be a non-empty str or None, not {command_id!r}; nothing ran.")
+        if causation_id is None and command_id is not None and _carried_as_header(command_id):
+            causation_id = command_id
         lock = self._locks.get(aggregate_id)
         if lock is None:
             lock = self._locks[aggregate_id] = _CountedLock()
@@ -427,3 +432,11 @@ class Repository(Generic[A]):
         self._cache.move_to_end(aggregate.id)
         if len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
+
+
+def _carried_as_header(text: str) -> bool:
+    try:
+        check_metadata("causation_id", text)
+    except InvalidEventError:
+        return False
+    return True

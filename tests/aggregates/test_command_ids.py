@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from hypothesis import given, settings as hsettings, strategies as st
 
 from aggregates import CommandResult, Repository
-from eventstore import EventStore, EventStoreSettings, ServerUnavailableError
+from eventstore import EventStore, EventStoreSettings, InvalidEventError, ServerUnavailableError
 from tests.conftest import unique_settings
 from tests.support.proxy import AckDropper
 
@@ -66,3 +67,28 @@ async def test_after_a_lost_ack_a_retried_command_returns_the_first_run(nats_url
             fresh = await Repository(store, Account).execute("alice", lambda a: a.deposit(10), command_id="cmd-1")
             assert (fresh.version, fresh.duplicate) == (2, True)
             assert await _deposits(store, accounts) == [10]
+
+
+@hsettings(max_examples=25, deadline=None)
+@given(command_id=st.text(st.characters(codec=None), max_size=10))
+async def test_any_command_id_runs_once_or_is_refused_before_running(nats_url: str, command_id: str) -> None:
+    async with EventStore.connect(unique_settings(nats_url)) as store:  # ids are per stream
+        accounts = Repository(store, Account)
+        await accounts.execute("alice", lambda a: a.open("Alice"), create=True)
+        ran: list[int] = []
+        results = []
+        for _ in range(2):
+            try:
+                results.append(
+                    await accounts.execute("alice", lambda a: ran.append(a.deposit(10)), command_id=command_id)
+                )
+            except InvalidEventError as exc:
+                assert command_id == "" and "command_id" in str(exc) and not ran
+        if command_id == "":
+            assert await _deposits(store, accounts) == []
+            return
+        assert len(ran) == 1 and [r.duplicate for r in results] == [False, True]
+        assert results[0].version == results[1].version == 2
+        events = await store.read(accounts.aggregate_type._stream_id("alice"))
+        assert events[-1].idempotency_key == command_id
+        assert await _deposits(store, accounts) == [10]
