@@ -405,11 +405,12 @@ class Appender:
         """If this append was already stored (a resend or a retry), the positions of its commits; else None.
 
         A commit sent with an expected position can only have been stored right
-        after it. Where that position is unknown, or for a keyed ``ANY`` append
-        (an earlier call may have written before the position now known), the
-        entity's commits are searched, each only once per call. Finding the key
-        on some entities but not on others means it was used for another
-        append: refused.
+        after it. A keyed append may repeat an earlier call: where its position
+        is unknown, or for ``ANY`` (the earlier call may have written before the
+        position now known), the entity's commits are searched, each only once
+        per call; an unkeyed append's id is this call's own, so it is nowhere
+        else. Finding the key on some entities but not on others means it was
+        used for another append: refused.
         """
         found: list[Msg | None] = []
         for c in commits:
@@ -419,7 +420,7 @@ class Appender:
                 msgs = await self.direct_get({"seq": c.prev_position + 1, "next_by_subj": c.subject, "batch": 1})
                 if msgs and _is_commit_of(msgs[0], escaped, c.msg_id):
                     msg = msgs[0]
-            if msg is None and (c.prev_position < 0 or (c.key is not None and c.request.expected_version is ANY)):
+            if msg is None and escaped is not None and (c.prev_position < 0 or c.request.expected_version is ANY):
                 msg, c.searched_to = await self._search(c.subject, escaped, c.msg_id, c.searched_to + 1)
             found.append(msg)
         if all(m is None for m in found):
