@@ -229,6 +229,7 @@ class Appender:
         if not request.events:
             raise InvalidEventError(f"Nothing to append to {request.stream_id}: the list of events is empty.")
         types, versions, ids, payloads = [], [], [], []
+        escaped = None if key is None else escape_key(key)  # encodable, and the same as the key for plain keys
         for i, event in enumerate(request.events):
             if not isinstance(event, BaseModel):
                 raise InvalidEventError(
@@ -237,7 +238,7 @@ class Appender:
             name, version = self._registry.name_of(type(event))
             types.append(name)
             versions.append(version)
-            ids.append(uuid.uuid5(uuid.NAMESPACE_URL, f"{key}/{request.stream_id}/{i}").hex if key else secrets.token_hex(16))
+            ids.append(uuid.uuid5(uuid.NAMESPACE_URL, f"{escaped}/{request.stream_id}/{i}").hex if escaped else secrets.token_hex(16))
             payloads.append(event.model_dump_json().encode())
         subject = request.stream_id.subject(self._settings.subject_prefix)
         return _Commit(request, subject, commit_msg_id, types, versions, ids, payloads, key)

@@ -157,7 +157,7 @@ async def test_after_every_ack_was_lost_a_retry_with_the_key_finds_the_first_wri
 
 
 async def test_keys_differing_in_whitespace_or_line_breaks_do_not_collide(store: EventStore) -> None:
-    keys = ["k 1", "k\n1", " k", "k ", "k", "k\r\n1", "k\t1", "k%201", "k%:0"]
+    keys = ["k 1", "k\n1", " k", "k ", "k", "k\r\n1", "k\t1", "k%201", "k%:0", "k\ud800", "\u00e9", "e\u0301"]
     results = [await store.append(A, [Deposited(amount=i)], idempotency_key=k) for i, k in enumerate(keys)]
     assert not any(r.duplicate for r in results)
     events = await store.read(A)
@@ -196,7 +196,7 @@ async def test_an_idempotency_key_that_is_not_a_non_empty_str_is_refused(store: 
     assert await store.read(A) == []
 
 
-_TEXT = st.text(st.characters(codec=None), min_size=0, max_size=12)
+_TEXT = st.text(st.characters(codec=None, exclude_categories=()), min_size=0, max_size=12)  # surrogates too
 
 
 @hsettings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -207,9 +207,9 @@ async def test_any_key_and_id_round_trips_exactly_or_is_refused_with_nothing_sto
     store = await _connect(unique_settings(nats_url))  # a stream per example: keys are per stream
     try:
         stored: dict[str, int] = {}
-        for k in (key, other):
+        for i, k in enumerate((key, other)):
             try:
-                result = await store.append(A, [Note(text=k)], idempotency_key=k, correlation_id=correlation)
+                result = await store.append(A, [Deposited(amount=i)], idempotency_key=k, correlation_id=correlation)
             except InvalidEventError as exc:
                 assert k == "" or correlation is not None, exc
                 continue
@@ -220,7 +220,7 @@ async def test_any_key_and_id_round_trips_exactly_or_is_refused_with_nothing_sto
                 stored[k] = result.last_version
         events = await store.read(A)
         assert [(e.idempotency_key, e.correlation_id) for e in events] == [(k, correlation) for k in stored]
-        assert [e.data.text for e in events] == list(stored)  # type: ignore[attr-defined]
+        assert [e.version for e in events] == list(stored.values())
     finally:
         await store.close()
 
