@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator
 
 import pytest
@@ -299,3 +300,33 @@ async def test_a_keyed_any_retry_is_recognised_within_the_duplicate_window_and_a
         assert await _events(store, A) == [[1, 2, 1]]
     finally:
         await store.close()
+
+
+@hsettings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    correlation_length=st.integers(1, 30_000),
+    key_length=st.integers(1, 300),
+    over=st.sampled_from([-1, 0, 1]),
+)
+async def test_a_commit_around_max_payload_is_stored_whole_or_refused_with_nothing_stored(
+    store: EventStore, correlation_length: int, key_length: int, over: int
+) -> None:
+    from eventstore.wire import encode_commit, header_block_size, utc_now_text
+
+    entity = StreamId("Size", uuid.uuid4().hex)  # hypothesis may repeat an example on this store
+    correlation, key = "c" * correlation_length, f"{entity}/" + "k" * key_length
+    headers, body = encode_commit(
+        msg_id=key, types=["Note"], schema_versions=[1], event_ids=["0" * 32], payloads=[b'{"text":""}'],
+        last_version=1, recorded_at=utc_now_text(), correlation_id=correlation, idempotency_key=key,
+    )
+    headers["Nats-Expected-Last-Subject-Sequence"] = "0"
+    text = "y" * (store.nc.max_payload - header_block_size(headers) - len(body) + over)
+    if over > 0:
+        with pytest.raises(EventTooLargeError):
+            await store.append(entity, [Note(text=text)], NO_STREAM, idempotency_key=key, correlation_id=correlation)
+        assert await store.read(entity) == []
+    else:
+        await store.append(entity, [Note(text=text)], NO_STREAM, idempotency_key=key, correlation_id=correlation)
+        (event,) = await store.read(entity)
+        assert (event.data, event.correlation_id, event.idempotency_key) == (Note(text=text), correlation, key)
+    await store.info()
