@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 from hypothesis import given, settings as hsettings, strategies as st
 
 from aggregates import CommandResult, Repository
+from aggregates.snapshots import SnapshotStore, bucket_name
 from eventstore import EventStore, EventStoreSettings, InvalidEventError, ServerUnavailableError
 from tests.conftest import unique_settings
 from tests.support.proxy import AckDropper
 
-from .domain import Account, InsufficientFunds
+from .domain import Account, AccountState, InsufficientFunds
 
 WINDOW_S = 1.0
 
@@ -91,4 +93,25 @@ async def test_any_command_id_runs_once_or_is_refused_before_running(nats_url: s
         assert results[0].version == results[1].version == 2
         events = await store.read(accounts.aggregate_type._stream_id("alice"))
         assert events[-1].idempotency_key == command_id
+        assert await _deposits(store, accounts) == [10]
+
+
+async def test_a_snapshot_without_command_ids_is_not_used(nats_url: str) -> None:
+    """A snapshot written before snapshots kept command ids would forget them: a full replay is used instead."""
+    settings = unique_settings(nats_url, duplicate_window_s=WINDOW_S)
+    async with EventStore.connect(settings) as store:
+        accounts = Repository(store, Account, snapshot_every=1)
+        await accounts.execute("alice", lambda a: a.open("Alice"), create=True)
+        first = await accounts.execute("alice", lambda a: a.deposit(10), command_id="cmd-1")
+        snapshots = SnapshotStore(store, "Account", AccountState, every=1)
+        kv = await store.nc.jetstream().key_value(bucket_name(settings.stream))
+        old = {"fingerprint": snapshots.fingerprint, "version": first.version, "position": first.position,
+               "state": AccountState(owner="Alice", balance=10, open=True).model_dump(mode="json")}
+        await kv.put("Account.alice", json.dumps(old).encode())
+        assert await snapshots.get("alice") is None
+        await asyncio.sleep(WINDOW_S * 1.5)
+        again = await Repository(store, Account, snapshot_every=1).execute(
+            "alice", lambda a: a.deposit(10), command_id="cmd-1"
+        )
+        assert (again.version, again.duplicate) == (first.version, True)
         assert await _deposits(store, accounts) == [10]
