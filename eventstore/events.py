@@ -49,7 +49,8 @@ class RecordedEvent(NamedTuple):
     built six times faster.) Equality ignores the registry and the decode cache.
 
     ``idempotency_key`` is the key the storing append was given (None without
-    one), read back exactly as written.
+    one), read back exactly as written by the event store's readers (the Spark
+    reader does not carry it); equality ignores it too.
     """
 
     position: int
