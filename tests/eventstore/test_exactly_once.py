@@ -242,6 +242,11 @@ async def test_a_commit_pushed_over_max_payload_by_its_headers_is_refused_and_th
     big = Note(text="x" * (limit - 2_000))
     with pytest.raises(EventTooLargeError, match="max_payload"):
         await store.append(A, [big], correlation_id="c" * 20_000)
+    with pytest.raises(EventTooLargeError, match=f"to {B}"):  # each message of an atomic batch is checked
+        await store.append_many(
+            [EntityAppend(A, [Note(text="small")]), EntityAppend(B, [big])], correlation_id="c" * 20_000
+        )
+    assert await store.read(B) == []
     await _still_works(store)
 
 
