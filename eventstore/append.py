@@ -21,10 +21,10 @@ How an append is made safe:
   append's id on the commit that follows the expected position or, for a keyed
   append, anywhere on the entity. Either way the caller gets the positions and
   versions of the first write with ``duplicate=True`` and nothing is stored twice.
-* **Every call ends.** Resends after a lost acknowledgement and retries after
-  an ``ANY`` append lost a race back off exponentially with jitter and are
-  bounded (``append_retries`` resends; ``request_timeout_s * (append_retries +
-  1)`` of racing); then a typed error is raised.
+* **Every call ends.** Resends after a lost acknowledgement back off
+  exponentially with jitter, at most ``append_retries`` of them; an ``ANY``
+  append that lost a race retries after a short jittered pause, for at most
+  ``10 * request_timeout_s * (append_retries + 1)``. Then a typed error is raised.
 * **Size.** A commit is checked as sent, header block included, against the
   server's ``max_payload`` before anything is sent: a larger one raises
   :class:`EventTooLargeError` (the server would close the connection on it).
@@ -79,6 +79,9 @@ _WRONG_LAST_SEQUENCE = 10071
 _BATCH_DUPLICATE_MSG_ID = 10201
 _STREAM_NOT_FOUND = 10059
 _MESSAGE_TOO_LARGE = 10054  # server-side max payload / max msg size refusals
+# An ANY append that loses races keeps trying for this many times request_timeout_s * (append_retries + 1):
+# every lost race is another writer's progress, so giving up early would fail appends that would succeed.
+_RACE_BUDGET_FACTOR = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,7 +194,7 @@ class Appender:
         key = check_idempotency_key(idempotency_key)
         if key is None:
             raise InvalidEventError("find_append needs an idempotency_key, not None.")
-        found, _ = await self._search(stream_id.subject(self._settings.subject_prefix), escape_key(key), None)
+        found, _ = await self._search(stream_id, escape_key(key), None)
         if found is None:
             return None
         headers = found.headers or {}
@@ -200,16 +203,20 @@ class Appender:
         return AppendResult(stream_id, int(headers[Header.SEQUENCE]), last - count + 1, last, True)
 
     async def _search(
-        self, subject: str, escaped_key: str | None, commit_msg_id: str | None, from_seq: int = 1
+        self, stream_id: StreamId, escaped_key: str | None, commit_msg_id: str | None, from_seq: int = 1
     ) -> tuple[Msg | None, int]:
-        """The first commit on ``subject`` from ``from_seq`` on of the append keyed ``escaped_key`` (or whose msg id
-        is ``commit_msg_id``), and the last position searched."""
-        last = from_seq - 1
-        async for msgs in self.subject_pages(subject, from_seq):
+        """The entity's first commit from ``from_seq`` on of the append keyed ``escaped_key`` (or whose msg id is
+        ``commit_msg_id``), and the last position searched. A search that reads to the end remembers the entity's
+        last commit, which spares a retry its lookup."""
+        last, version = from_seq - 1, None
+        async for msgs in self.subject_pages(stream_id.subject(self._settings.subject_prefix), from_seq):
             for msg in msgs:
                 if _is_commit_of(msg, escaped_key, commit_msg_id):
                     return msg, last
-                last = int((msg.headers or {})[Header.SEQUENCE])
+                headers = msg.headers or {}
+                last, version = int(headers[Header.SEQUENCE]), headers.get(Header.VERSION)
+        if version is not None and version.isdigit():
+            self.remember(stream_id, int(version), last)
         return None, last
 
     async def subject_pages(self, subject: str, from_seq: int = 1, page: int = 1000) -> AsyncIterator[list[Msg]]:
@@ -295,7 +302,7 @@ class Appender:
         single = len(requests) == 1
         commits = [self._build(r, msg_id(append_id, None if single else i), key) for i, r in enumerate(requests)]
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._settings.request_timeout_s * (self._settings.append_retries + 1)
+        deadline = loop.time() + self._race_budget_s()
         races = 0
         while True:
             try:
@@ -313,11 +320,13 @@ class Appender:
                 elif conflict.duplicate_id:
                     raise self._reused_key_error(commits) from None
                 elif any(c.request.expected_version is ANY for c in commits) and not await self._exact_conflict(commits):
-                    # Only ANY entities moved: refresh them and try again, backing off while others keep winning.
+                    # Only ANY entities moved: refresh them (unless a search just did) and try again. Losing a
+                    # race is contention, not overload: short jittered pauses spread the writers out.
                     for c in commits:
-                        self._known.pop(c.request.stream_id, None)
+                        if self._known.get(c.request.stream_id, (0, c.prev_position))[1] == c.prev_position:
+                            self._known.pop(c.request.stream_id, None)
                     races += 1
-                    delay = min(0.5, 0.002 * 2**races) * random.uniform(0.5, 1.0)
+                    delay = random.uniform(0, min(0.05, 0.001 * 2**races))
                     if loop.time() + delay > deadline:
                         raise await self._race_lost_error(commits) from None
                     await asyncio.sleep(delay)
@@ -417,12 +426,13 @@ class Appender:
         for c in commits:
             msg = None
             escaped = None if c.key is None else escape_key(c.key)
-            if c.prev_position >= 0:
+            if escaped is not None and (c.prev_position < 0 or c.request.expected_version is ANY):
+                # Covers the commit after the expected position: the search resumes before it.
+                msg, c.searched_to = await self._search(c.request.stream_id, escaped, c.msg_id, c.searched_to + 1)
+            elif c.prev_position >= 0:
                 msgs = await self.direct_get({"seq": c.prev_position + 1, "next_by_subj": c.subject, "batch": 1})
                 if msgs and _is_commit_of(msgs[0], escaped, c.msg_id):
                     msg = msgs[0]
-            if msg is None and escaped is not None and (c.prev_position < 0 or c.request.expected_version is ANY):
-                msg, c.searched_to = await self._search(c.subject, escaped, c.msg_id, c.searched_to + 1)
             found.append(msg)
         if all(m is None for m in found):
             return None
@@ -465,14 +475,14 @@ class Appender:
                     return True
         return False
 
+    def _race_budget_s(self) -> float:
+        return _RACE_BUDGET_FACTOR * self._settings.request_timeout_s * (self._settings.append_retries + 1)
+
     async def _race_lost_error(self, commits: list[_Commit]) -> ConcurrencyError:
         c = next(c for c in commits if c.request.expected_version is ANY)
         state = await self.state(c.request.stream_id)
         error = ConcurrencyError(c.request.stream_id, ANY, state.version)
-        error.add_note(
-            f"Other writers kept appending to {c.request.stream_id} for "
-            f"{self._settings.request_timeout_s * (self._settings.append_retries + 1)}s of retries."
-        )
+        error.add_note(f"Other writers kept appending to {c.request.stream_id} for {self._race_budget_s()}s of retries.")
         return error
 
     async def _conflict_error(self, commits: list[_Commit]) -> ConcurrencyError:
