@@ -110,9 +110,7 @@ def check_idempotency_key(key: object) -> str | None:
     if key is None:
         return None
     if not isinstance(key, str) or not key:
-        raise InvalidEventError(
-            f"idempotency_key must be a non-empty str or None, not {key!r}; nothing was stored."
-        )
+        raise InvalidEventError(f"idempotency_key must be a non-empty str or None, not {_preview(key)}; nothing was stored.")
     return key
 
 
@@ -123,15 +121,20 @@ def check_metadata(name: str, value: object) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not value:
-        raise InvalidEventError(f"{name} must be a non-empty str or None, not {value!r}; nothing was stored.")
+        raise InvalidEventError(f"{name} must be a non-empty str or None, not {_preview(value)}; nothing was stored.")
     bad = next((c for c in value if unicodedata.category(c) in ("Cc", "Cs", "Zl", "Zp")), None)
     if bad is not None or value != value.strip():
         what = f"the character {bad!r}" if bad is not None else "whitespace at its start or end"
         raise InvalidEventError(
-            f"{name} {value!r} contains {what}, which a NATS header cannot carry unchanged; nothing was stored. "
+            f"{name} {_preview(value)} contains {what}, which a NATS header cannot carry unchanged; nothing was stored. "
             "Use printable text without surrounding whitespace (e.g. a uuid)."
         )
     return value
+
+
+def _preview(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
 
 
 def header_block_size(headers: Mapping[str, str]) -> int:
