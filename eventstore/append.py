@@ -455,7 +455,7 @@ class Appender:
     def _reused_key_error(commits: list[_Commit]) -> InvalidEventError:
         entities = ", ".join(str(c.request.stream_id) for c in commits)
         return InvalidEventError(
-            f"The idempotency key {commits[0].key!r} was already used by another append (to other entities than "
+            f"The idempotency key {commits[0].key!r:.60} was already used by another append (to other entities than "
             f"{entities}, or not to all of them); nothing was stored. Use one key per append."
         )
 
