@@ -93,6 +93,9 @@ class Aggregate(Generic[S]):
     * :meth:`record` applies the event at once and queues it in ``pending``;
       a repository's ``save`` stores the pending events atomically or not at all.
     * Replaying stored events runs only ``@applies`` handlers.
+    * ``commands`` maps the idempotency key (command id) of every stored
+      commit applied to it to that commit's (last version, position), however
+      old: a repository runs a command id at most once per aggregate.
 
     Class keywords: ``category`` (default: the class name) names the stream
     category, e.g. ``class Account(Aggregate[AccountState], category="Accounts")``.
@@ -144,6 +147,7 @@ class Aggregate(Generic[S]):
         self.position = 0
         self.state: S = cast(S, self.state_type())
         self._pending: list[DomainEvent] = []
+        self.commands: dict[str, tuple[int, int]] = {}
         self._historic = False  # loaded with get(version=...): possibly not at a commit's end
 
     @classmethod
@@ -198,13 +202,17 @@ class Aggregate(Generic[S]):
                 raise
             self.version = stored.version
             self.position = stored.position
+            if stored.idempotency_key is not None:
+                self.commands[stored.idempotency_key] = (stored.version, stored.position)
 
-    def _committed(self, version: int, position: int) -> None:
+    def _committed(self, version: int, position: int, command_id: str | None = None) -> None:
         """The pending events are stored, the last of them at ``version`` in the commit at ``position``."""
         self._pending.clear()
         self.version = version
         self.position = position
         self._historic = False
+        if command_id is not None:
+            self.commands[command_id] = (version, position)
 
     def _copy(self: A) -> A:
         """An independent copy without pending events (for caches: the state is deep-copied)."""
@@ -212,6 +220,7 @@ class Aggregate(Generic[S]):
         twin.__dict__.update(self.__dict__)
         twin.state = self.state.model_copy(deep=True)
         twin._pending = []
+        twin.commands = dict(self.commands)
         return twin
 
     def __repr__(self) -> str:

@@ -26,10 +26,12 @@ from eventstore import (
     EntityAppend,
     EventStore,
     InvalidArgumentError,
+    InvalidEventError,
     RecordedEvent,
     StreamId,
 )
 from eventstore.validation import check_bool, check_int
+from eventstore.wire import check_metadata
 
 from .aggregate import Aggregate
 from .commands import CommandResult, RetryPolicy
@@ -144,15 +146,16 @@ class Repository(Generic[A]):
             tail = await self._events_after(aggregate.stream_id, snapshot) if snapshot is not None else None
             if snapshot is not None and tail is not None:
                 aggregate.state, aggregate.version, aggregate.position = snapshot.state, snapshot.version, snapshot.position
+                aggregate.commands = dict(snapshot.commands)
                 aggregate._replay(tail)
                 self.store.remember(aggregate.stream_id, aggregate.version, aggregate.position)
                 if len(tail) >= snapshots.every:
-                    await snapshots.put(aggregate_id, aggregate.version, aggregate.position, aggregate.state)
+                    await snapshots.put(aggregate_id, aggregate.version, aggregate.position, aggregate.state, aggregate.commands)
                 return aggregate
         aggregate._replay(await self.store.read(aggregate.stream_id))
         if snapshots is not None and aggregate.version >= snapshots.every:
             # No usable snapshot, yet enough events for one: write it so the next load is short.
-            await snapshots.put(aggregate_id, aggregate.version, aggregate.position, aggregate.state)
+            await snapshots.put(aggregate_id, aggregate.version, aggregate.position, aggregate.state, aggregate.commands)
         return aggregate
 
     async def _load_at(self, aggregate_id: str, version: int) -> A:
@@ -163,6 +166,7 @@ class Repository(Generic[A]):
             tail = await self._events_after(aggregate.stream_id, snapshot, to_version=version)
         if snapshot is not None and tail is not None:
             aggregate.state, aggregate.version, aggregate.position = snapshot.state, snapshot.version, snapshot.position
+            aggregate.commands = dict(snapshot.commands)
             aggregate._replay(tail)
         else:
             aggregate._replay(await self.store.read(aggregate.stream_id, to_version=version))
@@ -254,7 +258,9 @@ class Repository(Generic[A]):
 
     async def _maybe_snapshot(self, aggregate: A, before: int) -> None:
         if self._snapshots is not None and self._snapshots.due(before, aggregate.version):
-            await self._snapshots.put(aggregate.id, aggregate.version, aggregate.position, aggregate.state)
+            await self._snapshots.put(
+                aggregate.id, aggregate.version, aggregate.position, aggregate.state, aggregate.commands
+            )
 
     # -- commands -------------------------------------------------------------
 
@@ -304,14 +310,17 @@ class Repository(Generic[A]):
         * ``create=True`` runs the command on a new, empty aggregate when the
           id has no events; otherwise a missing aggregate raises
           :class:`AggregateNotFoundError`.
-        * ``command_id`` makes the command idempotent: running it again with
-          the same id stores nothing new and returns the first run's version
-          and position with ``duplicate=True``. It is the append's
-          idempotency key, so the guarantee holds for retries within the
-          stream's duplicate window (``duplicate_window_s``, 2 minutes by
-          default), and beyond it whenever the rerun refuses or records nothing.
+        * ``command_id`` makes the command idempotent on this aggregate, at any
+          age: running it again with the same id does not run the command,
+          stores nothing and returns the first run's version and position
+          with ``duplicate=True``. The id is stored with the commit (the
+          append's idempotency key), so every load (replay, snapshot or
+          cache) knows the ids applied to the aggregate (``commands``); a
+          rerun racing the first run is caught by the server's concurrency
+          check and deduplication. Ids compare exactly; use one per command.
         * ``correlation_id`` and ``causation_id`` are stored with every event;
-          ``causation_id`` defaults to ``command_id``.
+          ``causation_id`` defaults to ``command_id`` when a header can carry
+          it unchanged (see :func:`eventstore.wire.check_metadata`).
 
         ``command`` may be a plain function or a coroutine function; its
         return value is returned as ``value``. Arguments are checked before
@@ -328,7 +337,10 @@ class Repository(Generic[A]):
         check_bool("create", create)
         cached = self._cache.get(aggregate_id)
         stream_id = cached.stream_id if cached is not None else self.aggregate_type._stream_id(aggregate_id)
-        causation_id = causation_id or command_id
+        if command_id is not None and (not isinstance(command_id, str) or not command_id):
+            raise InvalidEventError(f"command_id must be a non-empty str or None, not {command_id!r}; nothing ran.")
+        if causation_id is None and command_id is not None and _carried_as_header(command_id):
+            causation_id = command_id
         lock = self._locks.get(aggregate_id)
         if lock is None:
             lock = self._locks[aggregate_id] = _CountedLock()
@@ -358,6 +370,9 @@ class Repository(Generic[A]):
         while True:
             aggregate, checked = next_copy or await self._checkout(aggregate_id, create=create, refresh=refresh)
             next_copy = None
+            if command_id is not None and command_id in aggregate.commands:
+                # Applied before (even a stale copy's history is true): the first run's result, at any age.
+                return CommandResult(None, *aggregate.commands[command_id], True)
             ran_at = aggregate.version
             value: R | None = None
             error: Exception | None = None
@@ -373,9 +388,6 @@ class Repository(Generic[A]):
                     if fresh[0].version != ran_at:
                         next_copy = fresh
                         continue
-                found = await self._find_command(stream_id, command_id) if command_id else None
-                if found is not None:
-                    return CommandResult(None, found[0], found[1], True)
                 if error is not None:
                     raise error
                 return CommandResult(value, aggregate.version, aggregate.position)
@@ -399,7 +411,7 @@ class Repository(Generic[A]):
                 continue
             if result.duplicate:  # the event store reports the first write's versions
                 return CommandResult(None, result.last_version, result.position, True)
-            aggregate._committed(result.last_version, result.position)
+            aggregate._committed(result.last_version, result.position, command_id)
             self._cache_put(aggregate)  # no copy: nothing else holds this object
             await self._maybe_snapshot(aggregate, before)
             return CommandResult(value, aggregate.version, aggregate.position)
@@ -422,11 +434,6 @@ class Repository(Generic[A]):
         self._cache_put(aggregate._copy())
         return aggregate, True
 
-    async def _find_command(self, stream_id: StreamId, command_id: str) -> tuple[int, int] | None:
-        """The (version, position) stored by an earlier run of ``command_id`` on this aggregate, if any."""
-        found = await self.store.find_append(stream_id, command_id)
-        return None if found is None else (found.last_version, found.position)
-
     # -- cache ----------------------------------------------------------------
 
     def _cache_get(self, aggregate_id: str) -> A | None:
@@ -445,3 +452,11 @@ class Repository(Generic[A]):
         self._cache.move_to_end(aggregate.id)
         if len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
+
+
+def _carried_as_header(text: str) -> bool:
+    try:
+        check_metadata("causation_id", text)
+    except InvalidEventError:
+        return False
+    return True

@@ -2,7 +2,9 @@
 
 Layout: one bucket per event store stream, ``<stream>_snapshots`` (history 1,
 file storage, direct get), one key per aggregate, ``<Category>.<id token>``,
-holding JSON ``{"fingerprint", "version", "position", "state"}``.
+holding JSON ``{"fingerprint", "version", "position", "state", "commands"}``
+(``commands``: the aggregate's command ids, so a load from a snapshot still
+knows every command applied before it).
 
 Snapshots are only ever an optimisation, so they can never change a result:
 
@@ -12,7 +14,7 @@ Snapshots are only ever an optimisation, so they can never change a result:
   aggregate is replayed in full. Bump ``snapshot_version`` when a handler's
   logic changes but the state model does not.
 * Any failure to read one (missing bucket, bad JSON, state that no longer
-  validates) means a full replay; any failure to write one is logged and the
+  validates, a record without ``commands`` from an older version) means a full replay; any failure to write one is logged and the
   command carries on. A deleted bucket is created again on the next write.
 """
 
@@ -68,11 +70,13 @@ def _key(category: str, aggregate_id: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Snapshot(Generic[S]):
-    """An aggregate's ``state`` after its event ``version``, the last event of the commit at ``position``."""
+    """An aggregate's ``state`` after its event ``version``, the last event of the commit at ``position``, and the
+    command ids applied up to there (see :attr:`Aggregate.commands`)."""
 
     version: int
     position: int
     state: S
+    commands: dict[str, tuple[int, int]]
 
 
 class _Record(BaseModel):
@@ -80,6 +84,7 @@ class _Record(BaseModel):
     version: int
     position: int
     state: dict[str, Any]
+    commands: dict[str, tuple[int, int]] | None = None  # None: written before snapshots kept command ids
 
 
 class SnapshotStore(Generic[S]):
@@ -146,25 +151,35 @@ class SnapshotStore(Generic[S]):
             return None
         try:
             record = _Record.model_validate_json(entry.value or b"")
+            if record.commands is None:
+                log.info("Ignoring the snapshot of %s %r: it predates command ids in snapshots.", self.category, aggregate_id)
+                return None
             if record.fingerprint != self.fingerprint:
                 log.info(
                     "Ignoring the snapshot of %s %r: it was written for another state schema.", self.category, aggregate_id
                 )
                 return None
-            return Snapshot(record.version, record.position, self.state_type.model_validate(record.state))
+            state = self.state_type.model_validate(record.state)
+            return Snapshot(record.version, record.position, state, record.commands)
         except ValidationError as exc:
             log.warning("Ignoring an unreadable snapshot of %s %r: %s", self.category, aggregate_id, exc)
             return None
 
-    async def put(self, aggregate_id: str, version: int, position: int, state: BaseModel) -> None:
-        """Store ``state`` as the aggregate's snapshot at ``version``/``position``; logs instead of raising.
+    async def put(
+        self, aggregate_id: str, version: int, position: int, state: BaseModel, commands: dict[str, tuple[int, int]]
+    ) -> None:
+        """Store ``state`` and ``commands`` as the aggregate's snapshot at ``version``/``position``; logs instead of raising.
 
         Ends within about ``request_timeout_s`` when the server does not answer.
         """
         what = f"Writing the snapshot of {self.category} {aggregate_id!r} at version {version}"
         try:
             record = _Record(
-                fingerprint=self.fingerprint, version=version, position=position, state=state.model_dump(mode="json")
+                fingerprint=self.fingerprint,
+                version=version,
+                position=position,
+                state=state.model_dump(mode="json"),
+                commands=commands,
             )
             with map_nats_error(what, self.store.settings.request_timeout_s):
                 kv = await self._bucket(create=True)

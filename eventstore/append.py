@@ -12,18 +12,29 @@ How an append is made safe:
   stored whole or not at all. An append spanning several entities is one
   JetStream atomic batch: every entity's commit is stored, or none is.
 * **Idempotency.** Every commit carries a ``Nats-Msg-Id`` derived from the
-  append's id (the caller's idempotency key, or a fresh one reused by every
-  resend of this call). A resent commit that the server already stored is
-  recognised in two ways: the server's duplicate acknowledgement, or, when the
+  append's id (the caller's idempotency key, escaped injectively, or a fresh
+  one reused by every resend of this call); a keyed commit also carries the key
+  (``Es-Idempotency-Key``). A resent commit that the server already stored is
+  recognised in three ways: the server's duplicate acknowledgement; the
+  server's "duplicate message id" refusal of an atomic batch; or, when the
   concurrency check fires first (it runs before deduplication), by finding this
-  append's id on the commit that follows the expected position. Either way the
-  caller gets the positions of the first write and nothing is stored twice.
+  append's id on the commit that follows the expected position or, for a keyed
+  append, anywhere on the entity. Either way the caller gets the positions and
+  versions of the first write with ``duplicate=True`` and nothing is stored twice.
+* **Every call ends.** Resends after a lost acknowledgement back off
+  exponentially with jitter, at most ``append_retries`` of them; an ``ANY``
+  append that lost a race retries after a short jittered pause, for at most
+  ``10 * request_timeout_s * (append_retries + 1)``. Then a typed error is raised.
+* **Size.** A commit is checked as sent, header block included, against the
+  server's ``max_payload`` before anything is sent: a larger one raises
+  :class:`EventTooLargeError` (the server would close the connection on it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import random
 import secrets
 import uuid
 from collections import OrderedDict
@@ -49,7 +60,17 @@ from .registry import TypeRegistry
 from .settings import EventStoreSettings
 from .streams import StreamId
 from .validation import check_entity_append
-from .wire import Header, commit_version, encode_commit, utc_now_text
+from .wire import (
+    Header,
+    check_idempotency_key,
+    check_metadata,
+    commit_version,
+    encode_commit,
+    escape_key,
+    header_block_size,
+    msg_id,
+    utc_now_text,
+)
 
 __all__ = ["Appender", "EntityAppend", "MAX_ENTITIES_PER_APPEND"]
 
@@ -61,6 +82,9 @@ _BATCH_DUPLICATE_MSG_ID = 10201
 _STREAM_NOT_FOUND = 10059
 _MESSAGE_TOO_LARGE = 10054  # server-side max payload / max msg size refusals
 _STREAM_FULL = 10077  # max_msgs / max_bytes reached with discard new
+# An ANY append that loses races keeps trying for this many times request_timeout_s * (append_retries + 1):
+# every lost race is another writer's progress, so giving up early would fail appends that would succeed.
+_RACE_BUDGET_FACTOR = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,9 +120,11 @@ class _Commit:
     schema_versions: list[int]
     event_ids: list[str]
     payloads: list[bytes]
+    key: str | None  # the caller's idempotency key
     prev_version: int = 0
     prev_position: int = 0
     stored_count: int | None = None  # set when adopting a commit stored by an earlier call
+    searched_to: int = 0  # the entity's commits up to here hold no earlier write of this append
 
     def encode(self, recorded_at: str, correlation_id: str | None, causation_id: str | None) -> tuple[dict[str, str], bytes]:
         headers, body = encode_commit(
@@ -111,6 +137,7 @@ class _Commit:
             recorded_at=recorded_at,
             correlation_id=correlation_id,
             causation_id=causation_id,
+            idempotency_key=self.key,
         )
         headers[Header.EXPECTED_LAST_SUBJECT_SEQUENCE] = str(self.prev_position)
         return headers, body
@@ -121,7 +148,11 @@ class _Commit:
 
 
 class _Conflict(Exception):
-    """The server's concurrency check rejected the append (internal)."""
+    """The server rejected the append: its concurrency check, or (``duplicate_id``) a batch's known msg id."""
+
+    def __init__(self, duplicate_id: bool = False) -> None:
+        super().__init__()
+        self.duplicate_id = duplicate_id
 
 
 class Appender:
@@ -175,16 +206,35 @@ class Appender:
         return state
 
     async def find_append(self, stream_id: StreamId, idempotency_key: str) -> AppendResult | None:
-        """The commit an earlier append with ``idempotency_key`` stored on this entity, if any."""
-        async for msgs in self.subject_pages(stream_id.subject(self._settings.subject_prefix), what=f"Searching {stream_id}"):
+        """The commit an earlier append with exactly ``idempotency_key`` stored on this entity, if any."""
+        key = check_idempotency_key(idempotency_key)
+        if key is None:
+            raise InvalidEventError("find_append needs an idempotency_key, not None.")
+        found, _ = await self._search(stream_id, escape_key(key), None)
+        if found is None:
+            return None
+        headers = found.headers or {}
+        count = headers[Header.TYPE].count(",") + 1
+        last = int(headers[Header.VERSION])
+        return AppendResult(stream_id, int(headers[Header.SEQUENCE]), last - count + 1, last, True)
+
+    async def _search(
+        self, stream_id: StreamId, escaped_key: str | None, commit_msg_id: str | None, from_seq: int = 1
+    ) -> tuple[Msg | None, int]:
+        """The entity's first commit from ``from_seq`` on of the append keyed ``escaped_key`` (or whose msg id is
+        ``commit_msg_id``), and the last position searched. A search that reads to the end remembers the entity's
+        last commit, which spares a retry its lookup."""
+        last, version = from_seq - 1, None
+        subject = stream_id.subject(self._settings.subject_prefix)
+        async for msgs in self.subject_pages(subject, from_seq, what=f"Searching {stream_id} for an earlier append"):
             for msg in msgs:
+                if _is_commit_of(msg, escaped_key, commit_msg_id):
+                    return msg, last
                 headers = msg.headers or {}
-                msg_id = headers.get(Header.MSG_ID, "")
-                if msg_id == idempotency_key or msg_id.rpartition(":")[0] == idempotency_key:
-                    count = headers[Header.TYPE].count(",") + 1
-                    last = int(headers[Header.VERSION])
-                    return AppendResult(stream_id, int(headers[Header.SEQUENCE]), last - count + 1, last, True)
-        return None
+                last, version = int(headers[Header.SEQUENCE]), headers.get(Header.VERSION)
+        if version is not None and version.isdigit():
+            self.remember(stream_id, int(version), last)
+        return None, last
 
     async def subject_pages(
         self, subject: str, from_seq: int = 1, page: int = 1000, *, what: str
@@ -201,10 +251,11 @@ class Appender:
 
     # -- building commits ---------------------------------------------------
 
-    def _build(self, request: EntityAppend, msg_id: str, key: str | None) -> _Commit:
+    def _build(self, request: EntityAppend, commit_msg_id: str, key: str | None) -> _Commit:
         if not request.events:
             raise InvalidEventError(f"Nothing to append to {request.stream_id}: the list of events is empty.")
         types, versions, ids, payloads = [], [], [], []
+        escaped = None if key is None else escape_key(key)  # encodable, and the same as the key for plain keys
         for i, event in enumerate(request.events):
             if not isinstance(event, BaseModel):
                 raise InvalidEventError(
@@ -213,9 +264,10 @@ class Appender:
             name, version, payload = self._registry.encode(event, request.stream_id)
             types.append(name)
             versions.append(version)
-            ids.append(uuid.uuid5(uuid.NAMESPACE_URL, f"{key}/{request.stream_id}/{i}").hex if key else secrets.token_hex(16))
+            ids.append(uuid.uuid5(uuid.NAMESPACE_URL, f"{escaped}/{request.stream_id}/{i}").hex if escaped else secrets.token_hex(16))
             payloads.append(payload)
-        return _Commit(request, request.stream_id.subject(self._settings.subject_prefix), msg_id, types, versions, ids, payloads)
+        subject = request.stream_id.subject(self._settings.subject_prefix)
+        return _Commit(request, subject, commit_msg_id, types, versions, ids, payloads, key)
 
     async def _resolve_previous(self, commit: _Commit) -> None:
         """Find the version and position the commit must follow, raising ConcurrencyError early when known."""
@@ -248,6 +300,9 @@ class Appender:
         causation_id: str | None = None,
     ) -> list[AppendResult]:
         """Append every request's events atomically (all entities or none); see the module docs."""
+        key = check_idempotency_key(idempotency_key)
+        correlation_id = check_metadata("correlation_id", correlation_id)
+        causation_id = check_metadata("causation_id", causation_id)
         if not requests:
             raise InvalidEventError("Nothing to append: no entities were given.")
         if len(requests) > MAX_ENTITIES_PER_APPEND:
@@ -262,27 +317,38 @@ class Appender:
                     f"{request.stream_id} appears twice in one append; put all its events in one EntityAppend."
                 )
             seen.add(request.stream_id)
-        append_id = idempotency_key or secrets.token_hex(16)
+        append_id = escape_key(key) if key is not None else secrets.token_hex(16)
         single = len(requests) == 1
-        commits = [self._build(r, append_id if single else f"{append_id}:{i}", idempotency_key) for i, r in enumerate(requests)]
-        self._check_size(commits)
+        commits = [self._build(r, msg_id(append_id, None if single else i), key) for i, r in enumerate(requests)]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._race_budget_s()
+        races = 0
         while True:
             try:
                 if single:  # no gather: a task per append costs more than the lookup it would overlap
                     await self._resolve_previous(commits[0])
                 else:
                     await asyncio.gather(*(self._resolve_previous(c) for c in commits))
-                positions, duplicate = await self._publish(commits, append_id, correlation_id, causation_id)
+                positions, duplicate = await self._publish(commits, correlation_id, causation_id)
                 if duplicate:  # the server's duplicate ack: versions come from the stored commits
                     positions = await self._read_stored(commits, positions)
-            except _Conflict:
+            except _Conflict as conflict:
                 stored = await self._find_stored(commits)
                 if stored is not None:
                     positions, duplicate = stored, True
+                elif conflict.duplicate_id:
+                    raise self._reused_key_error(commits) from None
                 elif any(c.request.expected_version is ANY for c in commits) and not await self._exact_conflict(commits):
-                    # Only ANY entities moved: refresh them and try again.
+                    # Only ANY entities moved: refresh them (unless a search just did) and try again. Losing a
+                    # race is contention, not overload: short jittered pauses spread the writers out.
                     for c in commits:
-                        self._known.pop(c.request.stream_id, None)
+                        if self._known.get(c.request.stream_id, (0, c.prev_position))[1] == c.prev_position:
+                            self._known.pop(c.request.stream_id, None)
+                    races += 1
+                    delay = random.uniform(0, min(0.05, 0.001 * 2**races))
+                    if loop.time() + delay > deadline:
+                        raise await self._race_lost_error(commits) from None
+                    await asyncio.sleep(delay)
                     continue
                 else:
                     raise await self._conflict_error(commits) from None
@@ -291,30 +357,34 @@ class Appender:
                 self.remember(r.stream_id, r.last_version, r.position)
             return results
 
-    def _check_size(self, commits: list[_Commit]) -> None:
+    def _check_size(self, commits: list[_Commit], encoded: list[tuple[dict[str, str], bytes]]) -> None:
+        """Refuse, before anything is sent, a message the server would refuse by closing the connection."""
         limit = self._nc.max_payload
-        for c in commits:
-            size = sum(len(p) for p in c.payloads) + 160 * len(c.payloads) + 300
-            if size > limit:
+        for c, (headers, body) in zip(commits, encoded):
+            header_size = header_block_size(headers)
+            if header_size + len(body) > limit:
                 raise EventTooLargeError(
-                    f"The events for {c.request.stream_id} take about {size} bytes, more than the server's "
-                    f"max_payload of {limit} bytes. Nothing was stored. Keep large blobs out of events (store a "
-                    "reference), split the append, or raise max_payload on the server."
+                    f"The commit of {len(c.payloads)} event(s) to {c.request.stream_id} takes {header_size + len(body)} "
+                    f"bytes as sent ({header_size} of headers, {len(body)} of events), more than the server's "
+                    f"max_payload of {limit} bytes. Nothing was stored. Keep large blobs out of events and long "
+                    "values out of correlation ids and keys, split the append, or raise max_payload on the server."
                 )
 
     async def _publish(
-        self, commits: list[_Commit], append_id: str, correlation_id: str | None, causation_id: str | None
+        self, commits: list[_Commit], correlation_id: str | None, causation_id: str | None
     ) -> tuple[list[int], bool]:
         recorded_at = utc_now_text()
         encoded = [c.encode(recorded_at, correlation_id, causation_id) for c in commits]
-        if len(commits) > 1:
-            batch_id = uuid.uuid4().hex  # the server refuses reused batch ids; msg ids carry idempotency
-            for i, (headers, _) in enumerate(encoded, start=1):
-                headers[Header.BATCH_ID] = batch_id
-                headers[Header.BATCH_SEQUENCE] = str(i)
-            encoded[-1][0][Header.BATCH_COMMIT] = "1"
         attempts = self._settings.append_retries + 1
         for attempt in range(attempts):
+            if len(commits) > 1:
+                batch_id = uuid.uuid4().hex  # a batch id per send: the server refuses reused ones; msg ids dedupe
+                for i, (headers, _) in enumerate(encoded, start=1):
+                    headers[Header.BATCH_ID] = batch_id
+                    headers[Header.BATCH_SEQUENCE] = str(i)
+                encoded[-1][0][Header.BATCH_COMMIT] = "1"
+            if attempt == 0:
+                self._check_size(commits, encoded)  # resends differ only in the batch id, of the same length
             try:
                 for c, (headers, body) in zip(commits[:-1], encoded[:-1]):
                     await self._nc.publish(c.subject, body, headers=headers)
@@ -324,7 +394,7 @@ class Appender:
                 )
             except (NatsError, ServerUnavailableError) as exc:
                 if attempt + 1 < attempts:
-                    await asyncio.sleep(0.05 * 2**attempt)
+                    await asyncio.sleep(0.05 * 2**attempt * random.uniform(0.5, 1.0))
                     continue  # resend: the msg ids make a resend safe
                 raise ServerUnavailableError(
                     f"The server did not acknowledge the append to {commits[-1].request.stream_id} after {attempts} "
@@ -345,8 +415,10 @@ class Appender:
             last = int(ack["seq"])
             return [last - len(commits) + 1 + i for i in range(len(commits))], bool(ack.get("duplicate"))
         code = error.get("err_code")
-        if code in (_WRONG_LAST_SEQUENCE, _BATCH_DUPLICATE_MSG_ID):
+        if code == _WRONG_LAST_SEQUENCE:
             raise _Conflict
+        if code == _BATCH_DUPLICATE_MSG_ID:
+            raise _Conflict(duplicate_id=True)
         description = error.get("description", "")
         if code == _STREAM_NOT_FOUND:
             raise StreamConfigError(f"Stream {self._settings.stream!r} does not exist; create it with EventStore.ensure_stream().")
@@ -365,23 +437,36 @@ class Appender:
         raise EventStoreError(f"The server refused the append (err_code {code}): {description}. Nothing was stored.")
 
     async def _find_stored(self, commits: list[_Commit]) -> list[int] | None:
-        """If this append was already stored (a resend), the positions of its commits; else None."""
-        positions = []
+        """If this append was already stored (a resend or a retry), the positions of its commits; else None.
+
+        A commit sent with an expected position can only have been stored right
+        after it. A keyed append may repeat an earlier call: where its position
+        is unknown, or for ``ANY`` (the earlier call may have written before the
+        position now known), the entity's commits are searched, each only once
+        per call; an unkeyed append's id is this call's own, so it is nowhere
+        else. Finding the key on some entities but not on others means it was
+        used for another append: refused.
+        """
+        found: list[Msg | None] = []
         for c in commits:
-            what = f"Checking the append to {c.request.stream_id}"
-            if c.prev_position >= 0:
-                msgs = await self.direct_get({"seq": c.prev_position + 1, "next_by_subj": c.subject, "batch": 1}, what=what)
-            else:  # the expected position is unknown: search the entity's commits for ours
-                msgs = [
-                    m
-                    async for page in self.subject_pages(c.subject, what=what)
-                    for m in page
-                    if (m.headers or {}).get(Header.MSG_ID) == c.msg_id
-                ]
-            if not msgs or (msgs[0].headers or {}).get(Header.MSG_ID) != c.msg_id:
-                return None
-            positions.append(self._adopt_stored(c, msgs[0]))
-        return positions
+            msg = None
+            escaped = None if c.key is None else escape_key(c.key)
+            if escaped is not None and (c.prev_position < 0 or c.request.expected_version is ANY):
+                # Covers the commit after the expected position: the search resumes before it.
+                msg, c.searched_to = await self._search(c.request.stream_id, escaped, c.msg_id, c.searched_to + 1)
+            elif c.prev_position >= 0:
+                msgs = await self.direct_get(
+                    {"seq": c.prev_position + 1, "next_by_subj": c.subject, "batch": 1},
+                    what=f"Checking the append to {c.request.stream_id}",
+                )
+                if msgs and _is_commit_of(msgs[0], escaped, c.msg_id):
+                    msg = msgs[0]
+            found.append(msg)
+        if all(m is None for m in found):
+            return None
+        if any(m is None for m in found):
+            raise self._reused_key_error(commits)
+        return [self._adopt_stored(c, m) for c, m in zip(commits, found) if m is not None]
 
     async def _read_stored(self, commits: list[_Commit], positions: list[int]) -> list[int]:
         """Adopt the versions of commits the server reported as duplicates (stored by an earlier call)."""
@@ -389,10 +474,20 @@ class Appender:
             msgs = await self.direct_get(
                 {"seq": position, "next_by_subj": c.subject, "batch": 1}, what=f"Reading the append to {c.request.stream_id}"
             )
-            if not msgs:
-                raise EventStoreError(f"The server reported a duplicate at position {position}, but it cannot be read.")
+            if not msgs or int((msgs[0].headers or {}).get(Header.SEQUENCE, -1)) != position or not _is_commit_of(
+                msgs[0], None, c.msg_id
+            ):
+                raise self._reused_key_error(commits)
             self._adopt_stored(c, msgs[0])
         return positions
+
+    @staticmethod
+    def _reused_key_error(commits: list[_Commit]) -> InvalidEventError:
+        entities = ", ".join(str(c.request.stream_id) for c in commits)
+        return InvalidEventError(
+            f"The idempotency key {commits[0].key!r:.60} was already used by another append (to other entities than "
+            f"{entities}, or not to all of them); nothing was stored. Use one key per append."
+        )
 
     @staticmethod
     def _adopt_stored(c: _Commit, msg: Msg) -> int:
@@ -410,6 +505,16 @@ class Appender:
                     return True
         return False
 
+    def _race_budget_s(self) -> float:
+        return _RACE_BUDGET_FACTOR * self._settings.request_timeout_s * (self._settings.append_retries + 1)
+
+    async def _race_lost_error(self, commits: list[_Commit]) -> ConcurrencyError:
+        c = next(c for c in commits if c.request.expected_version is ANY)
+        state = await self.state(c.request.stream_id)
+        error = ConcurrencyError(c.request.stream_id, ANY, state.version)
+        error.add_note(f"Other writers kept appending to {c.request.stream_id} for {self._race_budget_s()}s of retries.")
+        return error
+
     async def _conflict_error(self, commits: list[_Commit]) -> ConcurrencyError:
         for c in commits:
             expected = c.request.expected_version
@@ -419,3 +524,15 @@ class Appender:
                 return ConcurrencyError(c.request.stream_id, expected, state.version)
         first = commits[0]
         return ConcurrencyError(first.request.stream_id, first.request.expected_version, None)
+
+
+def _is_commit_of(msg: Msg, escaped_key: str | None, commit_msg_id: str | None) -> bool:
+    """Whether ``msg`` is a commit of the append keyed ``escaped_key`` (by its key header, or its msg id for a
+    single-entity commit), or has the msg id ``commit_msg_id``; ids compare exactly."""
+    headers = msg.headers or {}
+    stored_id = headers.get(Header.MSG_ID)
+    if commit_msg_id is not None and stored_id == commit_msg_id:
+        return True
+    if escaped_key is None:
+        return False
+    return headers.get(Header.IDEMPOTENCY_KEY, stored_id) == escaped_key

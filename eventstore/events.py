@@ -47,6 +47,10 @@ class RecordedEvent(NamedTuple):
     an event by its ``type`` never pay for its payload. (A named tuple rather
     than a frozen dataclass: replays build millions of these, and a tuple is
     built six times faster.) Equality ignores the registry and the decode cache.
+
+    ``idempotency_key`` is the key the storing append was given (None without
+    one), read back exactly as written by the event store's readers (the Spark
+    reader does not carry it); equality ignores it too.
     """
 
     position: int
@@ -62,6 +66,7 @@ class RecordedEvent(NamedTuple):
     causation_id: str | None = None
     registry: "TypeRegistry | None" = None
     decoded: list[BaseModel] | None = None  # a one-item cache for .data; readers pass a fresh list
+    idempotency_key: str | None = None  # the key of the append that stored it, exactly as given
 
     @property
     def data(self) -> BaseModel:

@@ -368,7 +368,9 @@ class EventStore:
         a wrong one raises :class:`InvalidArgumentError` or :class:`InvalidEventError`.
         Raises :class:`ConcurrencyError` (nothing stored) if the entity moved.
         Calling again with the same ``idempotency_key`` stores nothing new and
-        returns the first call's result with ``duplicate=True``.
+        returns the first call's result with ``duplicate=True`` (for an ``ANY``
+        append, within the duplicate window, or after it only when the entity
+        moved on since: see the README's "Idempotency").
         """
         request = EntityAppend(stream_id, events, expected_version, expected_position)
         results = await self._appender.append(

@@ -16,7 +16,14 @@ body is exactly the event's JSON. Headers:
 ``Es-Recorded-At``          RFC 3339 UTC time the commit was appended
 ``Es-Correlation-Id``       optional, for every event of the commit
 ``Es-Causation-Id``         optional, for every event of the commit
+``Es-Idempotency-Key``      the caller's idempotency key (escaped, see
+                            :func:`escape_key`), when the append had one
 ==========================  ====================================================
+
+Header values must reach the reader exactly as written, but nats-py strips
+them and turns line breaks into spaces. So idempotency keys are escaped
+losslessly (:func:`escape_key`) and correlation and causation ids that could
+not survive are refused (:func:`check_metadata`).
 
 Decoding ignores headers it does not know, so a newer writer never breaks an
 older reader.
@@ -24,16 +31,29 @@ older reader.
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Final
+from urllib.parse import unquote
 
-from .errors import EventDecodeError
+from .errors import EventDecodeError, InvalidEventError
 from .events import RecordedEvent
 from .registry import TypeRegistry
 from .streams import StreamId
 
-__all__ = ["Header", "commit_version", "decode_commit", "encode_commit", "utc_now_text"]
+__all__ = [
+    "Header",
+    "check_idempotency_key",
+    "check_metadata",
+    "commit_version",
+    "decode_commit",
+    "encode_commit",
+    "escape_key",
+    "header_block_size",
+    "msg_id",
+    "utc_now_text",
+]
 
 
 class Header:
@@ -58,6 +78,70 @@ class Header:
     RECORDED_AT: Final = "Es-Recorded-At"
     CORRELATION_ID: Final = "Es-Correlation-Id"
     CAUSATION_ID: Final = "Es-Causation-Id"
+    IDEMPOTENCY_KEY: Final = "Es-Idempotency-Key"
+
+
+# Printable ASCII but '%' (the escape character) passes through escape_key unchanged, so the
+# common keys (uuids, "reactor:event-id") keep the message ids they always had.
+_KEY_SAFE: Final = frozenset(chr(c) for c in range(0x21, 0x7F)) - {"%"}
+# The separator between an append's id and an entity's index in a multi-entity append: escape_key
+# writes '%' only before two hex digits, so no escaped key contains it and no two ids collide.
+_ENTITY_SEPARATOR: Final = "%:"
+_HEADER_START: Final = len(b"NATS/1.0\r\n")
+
+
+def escape_key(key: str) -> str:
+    """``key`` as header-safe text, injectively: printable ASCII but ``%`` as is, the rest ``%XX`` UTF-8 bytes."""
+    if all(c in _KEY_SAFE for c in key):
+        return key
+    # surrogatepass: a lone surrogate is escaped like any other code point, so the mapping stays injective.
+    return "".join(
+        c if c in _KEY_SAFE else "".join(f"%{b:02X}" for b in c.encode("utf-8", "surrogatepass")) for c in key
+    )
+
+
+def msg_id(append_id: str, index: int | None) -> str:
+    """The ``Nats-Msg-Id`` of an append's commit: the id itself, or for entity ``index`` of a multi-entity append
+    the id and the index; distinct (escaped id, index) pairs never give the same message id."""
+    return append_id if index is None else f"{append_id}{_ENTITY_SEPARATOR}{index}"
+
+
+def check_idempotency_key(key: object) -> str | None:
+    """The key if it can be an idempotency key (None or a non-empty str), else :class:`InvalidEventError`."""
+    if key is None:
+        return None
+    if not isinstance(key, str) or not key:
+        raise InvalidEventError(f"idempotency_key must be a non-empty str or None, not {_preview(key)}; nothing was stored.")
+    return key
+
+
+def check_metadata(name: str, value: object) -> str | None:
+    """``value`` if a header carries it exactly (None, or a non-empty str without control characters, line or
+    paragraph separators, lone surrogates, or whitespace at either end), else :class:`InvalidEventError` naming
+    ``name``."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise InvalidEventError(f"{name} must be a non-empty str or None, not {_preview(value)}; nothing was stored.")
+    bad = next((c for c in value if unicodedata.category(c) in ("Cc", "Cs", "Zl", "Zp")), None)
+    if bad is not None or value != value.strip():
+        what = f"the character {bad!r}" if bad is not None else "whitespace at its start or end"
+        raise InvalidEventError(
+            f"{name} {_preview(value)} contains {what}, which a NATS header cannot carry unchanged; nothing was stored. "
+            "Use printable text without surrounding whitespace (e.g. a uuid)."
+        )
+    return value
+
+
+def _preview(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
+
+
+def header_block_size(headers: Mapping[str, str]) -> int:
+    """The bytes of the header block nats-py sends for ``headers`` (``NATS/1.0``, each ``Name: value``, the
+    blank line). The values must already be what is sent: the ones this module writes or checks are."""
+    return _HEADER_START + sum(len(k) + len(v.encode()) + 4 for k, v in headers.items()) + 2
 
 
 def utc_now_text() -> str:
@@ -76,8 +160,9 @@ def encode_commit(
     recorded_at: str,
     correlation_id: str | None = None,
     causation_id: str | None = None,
+    idempotency_key: str | None = None,
 ) -> tuple[dict[str, str], bytes]:
-    """Lay out one commit as (headers, body)."""
+    """Lay out one commit as (headers, body); ``idempotency_key`` is the caller's key, escaped here."""
     headers = {
         Header.MSG_ID: msg_id,
         Header.TYPE: ",".join(types),
@@ -90,6 +175,8 @@ def encode_commit(
         headers[Header.CORRELATION_ID] = correlation_id
     if causation_id:
         headers[Header.CAUSATION_ID] = causation_id
+    if idempotency_key is not None:  # after the fixed layout the Spark reader's fast path expects
+        headers[Header.IDEMPOTENCY_KEY] = escape_key(idempotency_key)
     return headers, b"\n".join(payloads)
 
 
@@ -129,11 +216,13 @@ def decode_commit(
         recorded_at = headers.get(Header.RECORDED_AT, "")
         correlation_id = headers.get(Header.CORRELATION_ID)
         causation_id = headers.get(Header.CAUSATION_ID)
+        escaped_key = headers.get(Header.IDEMPOTENCY_KEY)
+        key = None if escaped_key is None else unquote(escaped_key, errors="surrogatepass")
         if "," not in types:
             return [
                 RecordedEvent(
                     position, 0, stream_id, last_version, types, int(headers[Header.SCHEMA_VERSION]),
-                    headers[Header.EVENT_ID], body, recorded_at, correlation_id, causation_id, registry, [],
+                    headers[Header.EVENT_ID], body, recorded_at, correlation_id, causation_id, registry, [], key,
                 )
             ]
         type_list = types.split(",")
@@ -147,7 +236,7 @@ def decode_commit(
         return [
             RecordedEvent(
                 position, i, stream_id, first + i, type_list[i], int(schemas[i]), ids[i], payloads[i],
-                recorded_at, correlation_id, causation_id, registry, [],
+                recorded_at, correlation_id, causation_id, registry, [], key,
             )
             for i in range(count)
         ]

@@ -184,7 +184,7 @@ async def test_snapshots_that_do_not_line_up_with_the_stream_are_ignored(
     snapped = Repository(store, Account, snapshot_every=1000, cache_size=0)
     await grow(snapped, "a", 5)  # version 1 at position 1, versions 2-5 at position 2
     snapshots = SnapshotStore(store, "Account", AccountState, every=1000)
-    await snapshots.put("a", version, position, AccountState(owner="Wrong", balance=1_000_000, open=True))
+    await snapshots.put("a", version, position, AccountState(owner="Wrong", balance=1_000_000, open=True), {})
     loaded = await snapped.get("a")
     assert (loaded.version, loaded.position, loaded.state.balance, loaded.state.owner) == (5, 2, 4, "Owner")
     loaded.deposit(1)
