@@ -22,13 +22,13 @@ async def test_snapshot_calls_end_in_time_and_name_the_operation(nats_url: str, 
     async with Proxy(nats_url) as proxy:
         store = await EventStore.connect(unique_settings(proxy.url, request_timeout_s=TIMEOUT_S))
         snapshots = SnapshotStore(store, "Account", AccountState, every=1)
-        await snapshots.put("a", 1, 1, AccountState(owner="Ann", balance=0, open=True))
+        await snapshots.put("a", 1, 1, AccountState(owner="Ann", balance=0, open=True), {})
         proxy.silence()
         try:
             started = time.monotonic()
             with caplog.at_level(logging.WARNING):
                 assert await snapshots.get("a") is None
-                await snapshots.put("a", 2, 2, AccountState(owner="Ann", balance=1, open=True))
+                await snapshots.put("a", 2, 2, AccountState(owner="Ann", balance=1, open=True), {})
             assert time.monotonic() - started < 2 * BOUND_S
             warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
             assert warnings[0].startswith("Reading the snapshot of Account 'a': the NATS server did not answer"), warnings
