@@ -26,7 +26,6 @@ from eventstore import (
     EntityAppend,
     EventStore,
     InvalidArgumentError,
-    InvalidEventError,
     RecordedEvent,
     StreamId,
 )
@@ -338,7 +337,7 @@ class Repository(Generic[A]):
         cached = self._cache.get(aggregate_id)
         stream_id = cached.stream_id if cached is not None else self.aggregate_type._stream_id(aggregate_id)
         if command_id is not None and (not isinstance(command_id, str) or not command_id):
-            raise InvalidEventError(f"command_id must be a non-empty str or None, not {command_id!r}; nothing ran.")
+            raise InvalidArgumentError(f"command_id must be a non-empty str or None, not {command_id!r}; nothing ran.")
         if causation_id is None and command_id is not None and _carried_as_header(command_id):
             causation_id = command_id
         lock = self._locks.get(aggregate_id)
@@ -457,6 +456,6 @@ class Repository(Generic[A]):
 def _carried_as_header(text: str) -> bool:
     try:
         check_metadata("causation_id", text)
-    except InvalidEventError:
+    except InvalidArgumentError:
         return False
     return True

@@ -50,6 +50,7 @@ from .errors import (
     ConcurrencyError,
     EventStoreError,
     EventTooLargeError,
+    InvalidArgumentError,
     InvalidEventError,
     ServerUnavailableError,
     StreamConfigError,
@@ -209,7 +210,7 @@ class Appender:
         """The commit an earlier append with exactly ``idempotency_key`` stored on this entity, if any."""
         key = check_idempotency_key(idempotency_key)
         if key is None:
-            raise InvalidEventError("find_append needs an idempotency_key, not None.")
+            raise InvalidArgumentError("find_append needs an idempotency_key (a non-empty str), not None.")
         found, _ = await self._search(stream_id, escape_key(key), None)
         if found is None:
             return None

@@ -37,7 +37,7 @@ from datetime import datetime, timezone
 from typing import Final
 from urllib.parse import unquote
 
-from .errors import EventDecodeError, InvalidEventError
+from .errors import EventDecodeError, InvalidArgumentError, InvalidEventError
 from .events import RecordedEvent
 from .registry import TypeRegistry
 from .streams import StreamId
@@ -107,26 +107,26 @@ def msg_id(append_id: str, index: int | None) -> str:
 
 
 def check_idempotency_key(key: object) -> str | None:
-    """The key if it can be an idempotency key (None or a non-empty str), else :class:`InvalidEventError`."""
+    """The key if it can be an idempotency key (None or a non-empty str), else :class:`InvalidArgumentError`."""
     if key is None:
         return None
     if not isinstance(key, str) or not key:
-        raise InvalidEventError(f"idempotency_key must be a non-empty str or None, not {_preview(key)}; nothing was stored.")
+        raise InvalidArgumentError(f"idempotency_key must be a non-empty str or None, not {_preview(key)}; nothing was stored.")
     return key
 
 
 def check_metadata(name: str, value: object) -> str | None:
     """``value`` if a header carries it exactly (None, or a non-empty str without control characters, line or
-    paragraph separators, lone surrogates, or whitespace at either end), else :class:`InvalidEventError` naming
+    paragraph separators, lone surrogates, or whitespace at either end), else :class:`InvalidArgumentError` naming
     ``name``."""
     if value is None:
         return None
     if not isinstance(value, str) or not value:
-        raise InvalidEventError(f"{name} must be a non-empty str or None, not {_preview(value)}; nothing was stored.")
+        raise InvalidArgumentError(f"{name} must be a non-empty str or None, not {_preview(value)}; nothing was stored.")
     bad = next((c for c in value if unicodedata.category(c) in ("Cc", "Cs", "Zl", "Zp")), None)
     if bad is not None or value != value.strip():
         what = f"the character {bad!r}" if bad is not None else "whitespace at its start or end"
-        raise InvalidEventError(
+        raise InvalidArgumentError(
             f"{name} {_preview(value)} contains {what}, which a NATS header cannot carry unchanged; nothing was stored. "
             "Use printable text without surrounding whitespace (e.g. a uuid)."
         )

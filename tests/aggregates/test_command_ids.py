@@ -10,7 +10,7 @@ from hypothesis import given, settings as hsettings, strategies as st
 
 from aggregates import CommandResult, Repository
 from aggregates.snapshots import SnapshotStore, bucket_name
-from eventstore import EventStore, EventStoreSettings, InvalidEventError, ServerUnavailableError
+from eventstore import EventStore, EventStoreSettings, InvalidArgumentError, ServerUnavailableError
 from tests.conftest import unique_settings
 from tests.support.proxy import AckDropper
 
@@ -84,7 +84,7 @@ async def test_any_command_id_runs_once_or_is_refused_before_running(nats_url: s
                 results.append(
                     await accounts.execute("alice", lambda a: ran.append(a.deposit(10)), command_id=command_id)
                 )
-            except InvalidEventError as exc:
+            except InvalidArgumentError as exc:
                 assert command_id == "" and "command_id" in str(exc) and not ran
         if command_id == "":
             assert await _deposits(store, accounts) == []

@@ -18,6 +18,7 @@ from eventstore import (
     EventStore,
     EventStoreSettings,
     EventTooLargeError,
+    InvalidArgumentError,
     InvalidEventError,
     StreamId,
 )
@@ -183,16 +184,16 @@ async def test_command_ids_compare_exactly_also_against_multi_entity_appends(sto
 @pytest.mark.parametrize("value", ["a b ", " a", "a\nb", "a\r\nb", "a\tb", "", "a\x00", "a\u2028b", "\ud800", 7, b"x"])
 @pytest.mark.parametrize("name", ["correlation_id", "causation_id"])
 async def test_metadata_that_a_header_cannot_carry_is_refused(store: EventStore, name: str, value: object) -> None:
-    with pytest.raises(InvalidEventError, match=name):
+    with pytest.raises(InvalidArgumentError, match=name):
         await store.append(A, [Deposited(amount=1)], **{name: value})  # type: ignore[arg-type]
-    with pytest.raises(InvalidEventError, match=name):
+    with pytest.raises(InvalidArgumentError, match=name):
         await store.append_many([EntityAppend(A, [Deposited(amount=1)])], **{name: value})  # type: ignore[arg-type]
     assert await store.read(A) == []
 
 
 @pytest.mark.parametrize("key", ["", 7, b"k", ["k"]])
 async def test_an_idempotency_key_that_is_not_a_non_empty_str_is_refused(store: EventStore, key: object) -> None:
-    with pytest.raises(InvalidEventError, match="idempotency_key"):
+    with pytest.raises(InvalidArgumentError, match="idempotency_key"):
         await store.append(A, [Deposited(amount=1)], idempotency_key=key)  # type: ignore[arg-type]
     assert await store.read(A) == []
 
@@ -211,7 +212,7 @@ async def test_any_key_and_id_round_trips_exactly_or_is_refused_with_nothing_sto
         for i, k in enumerate((key, other)):
             try:
                 result = await store.append(A, [Deposited(amount=i)], idempotency_key=k, correlation_id=correlation)
-            except InvalidEventError as exc:
+            except InvalidArgumentError as exc:
                 assert k == "" or correlation is not None, exc
                 continue
             if k in stored:
