@@ -5,7 +5,8 @@ facade), then ``append.py`` (optimistic concurrency, idempotency, atomic
 commits), ``wire.py`` (the message layout), ``reading.py`` and ``consumer.py``
 (loading one entity, replaying the stream), ``server.py`` (the embedded
 nats-server), ``security.py`` and ``connection.py`` (credentials, TLS, and the
-nats-py connection) and ``errors.py``.
+nats-py connection), ``tasks.py`` (stopping background tasks for sure, retry
+backoff) and ``errors.py``.
 """
 
 from .append import MAX_ENTITIES_PER_APPEND, EntityAppend
@@ -29,12 +30,14 @@ from .server import EmbeddedServer, find_nats_server
 from .settings import EventStoreSettings
 from .store import EntityInfo, EventStore, Pending, StoreInfo
 from .streams import StreamId, decode_entity_id, encode_entity_id
+from .tasks import Backoff, stop_task
 from .wire import Header, decode_commit, encode_commit
 
 __all__ = [
     "ANY",
     "AppendResult",
     "AuthenticationError",
+    "Backoff",
     "ConcurrencyError",
     "ConnectionSecurity",
     "EmbeddedServer",
@@ -71,4 +74,5 @@ __all__ = [
     "encode_commit",
     "encode_entity_id",
     "find_nats_server",
+    "stop_task",
 ]

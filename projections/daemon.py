@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import enum
 import logging
+import os
 import signal
 import sqlite3
 import time
@@ -40,7 +41,7 @@ from typing import Any
 
 from nats.js.kv import KeyValue
 
-from eventstore import EventStore, RecordedEvent
+from eventstore import EventStore, RecordedEvent, stop_task
 
 from .applier import Applier, Counters, error_report
 from .connection import connect_event_store, lease_key
@@ -118,7 +119,8 @@ class ProjectionRunner:
         outcome = Outcome.STOPPED
         try:
             store.ensure_live(self.projection, self.settings.eventstore.stream)
-            lease = Lease(self.kv, lease_key(store.store_id, self.name), self.owner, self.lease_ttl_s)
+            lease = Lease(self.kv, lease_key(store.store_id, self.name), self.owner, self.lease_ttl_s,
+                          request_timeout_s=self.settings.eventstore.request_timeout_s)
             while not self.stop_event.is_set():
                 if not await lease.acquire(self.stop_event):
                     break
@@ -243,7 +245,7 @@ class ProjectionRunner:
                     try:
                         batch = task.result()
                     except StopAsyncIteration:
-                        self._apply(applier, [], through=target)
+                        await self._apply(applier, [], through=target)
                         store.set_state(self.name, RunState.STOPPED, owner=self.owner, counters=self.counters.as_dict())
                         log.info("%s: caught up to position %d.", self.name, writer.checkpoint)
                         return Outcome.CAUGHT_UP
@@ -251,7 +253,7 @@ class ProjectionRunner:
                         raise _Reload  # never apply without the lease; the batch is read again by the next owner
                     self.counters.skipped += batch.skipped
                     try:
-                        self._apply(applier, batch.events, through=batch.last_position)
+                        await self._apply(applier, batch.events, through=batch.last_position)
                     except ProjectionStoppedError as exc:
                         failure = exc.failure
                         log.error("%s\n%s", exc, failure.traceback)
@@ -269,17 +271,16 @@ class ProjectionRunner:
                     if not writer.touch(self.counters.as_dict()):
                         raise _Reload
         finally:
-            pending: list[asyncio.Future[Any]] = [t for t in (next_batch, stop_wait, lost_wait) if t is not None]
-            for future in pending:
-                if not future.done():
-                    future.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
+            # Bounded: a read inside a nats-py request can swallow its cancellation (see eventstore.tasks).
+            timeout_s = self.settings.eventstore.request_timeout_s
+            for future in (next_batch, stop_wait, lost_wait):
+                if future is not None:
+                    await stop_task(future, timeout_s=timeout_s)
             aclose = getattr(source, "aclose", None)
             if aclose is not None:
-                with contextlib.suppress(Exception):
-                    await aclose()
+                await stop_task(asyncio.ensure_future(aclose()), grace_s=timeout_s, timeout_s=timeout_s + 1.0)
 
-    def _apply(self, applier: Applier, events: list[RecordedEvent], through: int | None = None) -> None:
+    async def _apply(self, applier: Applier, events: list[RecordedEvent], through: int | None = None) -> None:
         """Apply one batch; a checkpoint conflict means reload; store failures are retried, then raised."""
         for attempt in range(_STORE_RETRIES + 1):
             try:
@@ -294,7 +295,7 @@ class ProjectionRunner:
                 if attempt == _STORE_RETRIES:
                     raise
                 log.warning("%s: read-model store failed (%s); retrying the batch.", self.name, exc)
-                time.sleep(0.5 * 2**attempt)
+                await asyncio.sleep(0.5 * 2**attempt)
 
 
 class Daemon:
@@ -354,22 +355,88 @@ def run_daemon(
     """Run a :class:`Daemon` in a new event loop, stopping cleanly on SIGINT/SIGTERM.
 
     Returns the process exit code: 0 when every projection stopped or caught
-    up, 1 when any stopped with an error.
+    up, 1 when any stopped with an error. The first signal asks every runner
+    to finish its batch and release its lease; a second signal, or
+    ``shutdown_timeout_s`` without the stop completing, cancels the work
+    (exit code 128 + the signal's number). Should even that, or the event
+    loop's own clean-up after a run, not end within a few seconds (a task
+    ignoring cancellation), the process exits at once with its exit code:
+    every commit is atomic, so this is as safe as a kill.
     """
     daemon = Daemon(projections, settings)
+    shutdown = _Shutdown(daemon)
 
-    async def main() -> dict[str, Outcome]:
+    async def main() -> int:
+        shutdown.install()
+        outcomes = await daemon.run(until_caught_up=until_caught_up)
+        shutdown.exit_code = 1 if any(o is Outcome.ERROR for o in outcomes.values()) else 0
+        shutdown.exit_later()  # bounds asyncio.run's clean-up, which waits for every task left
+        return shutdown.exit_code
+
+    try:
+        return asyncio.run(main())
+    except asyncio.CancelledError:
+        log.warning("Stopped by cancellation: the batches in hand were rolled back.")
+        return shutdown.exit_code
+
+
+_FORCED_EXIT_AFTER_S = 3.0
+"""How long cancelled work (or the event loop's clean-up) may take before the process exits without it."""
+_RECANCEL_S = 0.25
+
+
+class _Shutdown:
+    """SIGINT/SIGTERM handling of :func:`run_daemon`: a graceful stop, then cancellation, then an immediate exit."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon
+        self.signals = 0
+        self.exit_code = 1
+        self.forced = False
+        self._task: asyncio.Task[Any] | None = None
+
+    def install(self) -> None:
+        """Handle SIGINT and SIGTERM in the running loop, for its current task."""
+        self._task = asyncio.current_task()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError):
-                loop.add_signal_handler(sig, _on_signal, daemon, sig)
-        return await daemon.run(until_caught_up=until_caught_up)
+                loop.add_signal_handler(sig, self.on_signal, sig)
 
-    outcomes = asyncio.run(main())
-    return 1 if any(o is Outcome.ERROR for o in outcomes.values()) else 0
+    def on_signal(self, sig: signal.Signals) -> None:
+        self.signals += 1
+        self.exit_code = 128 + sig.value
+        if self.signals > 1:
+            self.force(f"Received {sig.name} again")
+            return
+        timeout_s = self.daemon.settings.shutdown_timeout_s
+        log.info("Received %s: finishing the current batches and stopping (within %.0f s; send it again to stop "
+                 "at once).", sig.name, timeout_s)
+        self.daemon.stop()
+        asyncio.get_running_loop().call_later(
+            timeout_s, self.force, f"The stop did not complete within {timeout_s:.0f} s"
+        )
 
+    def force(self, reason: str) -> None:
+        """Cancel the daemon's work, re-sending the cancellation until it ends; exit soon in any case."""
+        if self.forced or self._task is None or self._task.done():
+            return
+        self.forced = True
+        log.warning("%s: cancelling the work in hand.", reason)
+        self._cancel()
+        self.exit_later()
 
-def _on_signal(daemon: Daemon, sig: signal.Signals) -> None:
-    log.info("Received %s: finishing the current batches and stopping.", sig.name)
-    daemon.stop()
+    def _cancel(self) -> None:
+        # Re-sent: a task can swallow a cancellation (see eventstore.tasks).
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            asyncio.get_running_loop().call_later(_RECANCEL_S, self._cancel)
 
+    def exit_later(self) -> None:
+        """Exit the process with :attr:`exit_code` if the event loop still runs in a few seconds."""
+        asyncio.get_running_loop().call_later(_FORCED_EXIT_AFTER_S, self._exit_now)
+
+    def _exit_now(self) -> None:
+        log.error("The daemon's tasks did not end within %.0f s: exiting now.", _FORCED_EXIT_AFTER_S)
+        logging.shutdown()
+        os._exit(self.exit_code)
