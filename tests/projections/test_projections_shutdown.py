@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import signal
+import subprocess
+import time
+from pathlib import Path
 from typing import Any
 
+from nats.js.kv import KeyValue
+
 from eventstore import EventStore
-from projections import ProjectionSettings
+from projections import ProjectionSettings, read_status
 from projections.lease import Lease, open_lease_bucket
 
-from nats.js.kv import KeyValue
+from projection_examples import append_workload, workload
+from projection_helpers import checkpoint, spawn, wait_until
 
 
 class CancelSwallowingKV:
@@ -67,3 +74,113 @@ async def test_lease_release_ends_even_when_the_keep_alive_swallows_its_cancella
         assert swallowing.updates == renewals
         assert await lease.try_acquire()
     await lease.release()
+
+
+# -- the CLI ------------------------------------------------------------------------------------------------------
+
+ROOT = Path(__file__).parent.parent.parent
+BALANCES = "projection_examples:AccountBalances"
+LIVENESS_S = 10.0  # a liveness bound with a wide margin (a stop takes well under a second here), not a timing
+
+
+async def _run_cli(settings: ProjectionSettings, *args: str) -> tuple[int, str, float]:
+    started = time.monotonic()
+    proc = spawn(settings, *args, stderr=subprocess.PIPE)
+    try:
+        _, stderr = await asyncio.to_thread(proc.communicate, timeout=60)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+    return proc.returncode, stderr.decode(), time.monotonic() - started
+
+
+async def _terminate(proc: subprocess.Popen[bytes], *signals: signal.Signals, between_s: float = 0.0) -> tuple[int, str, float]:
+    """Send ``signals`` (``between_s`` apart); the exit code, stderr and how long the process took to end."""
+    started = time.monotonic()
+    for i, sig in enumerate(signals):
+        if i:
+            await asyncio.sleep(between_s)
+        proc.send_signal(sig)
+    try:
+        _, stderr = await asyncio.to_thread(proc.communicate, timeout=30)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            proc.communicate()
+    return proc.returncode, stderr.decode(), time.monotonic() - started
+
+
+async def _wait_owned(settings: ProjectionSettings, es: EventStore, pid: int) -> None:
+    """Wait until process ``pid`` runs every projection (it holds their leases)."""
+    async with asyncio.timeout(30):
+        while True:
+            statuses = await read_status(settings, event_store=es)
+            if statuses and all(s.state == "running" and f":{pid}:" in (s.owner or "") for s in statuses):
+                return
+            await asyncio.sleep(0.05)
+
+
+async def test_cli_burst_mode_always_exits(es: EventStore, psettings: ProjectionSettings) -> None:
+    await append_workload(es, workload(300, accounts=30))
+    last = await es.last_position()
+    for run in range(12):
+        if run == 6:  # the second half catches up from a checkpoint behind the stream's end
+            await append_workload(es, workload(100, accounts=30, seed=run))
+            last = await es.last_position()
+        code, stderr, seconds = await _run_cli(psettings, "run", BALANCES, "projection_examples:Movements",
+                                               "--until-caught-up")
+        assert code == 0, f"run {run}: exit {code} after {seconds:.1f}s\n{stderr}"
+        assert checkpoint(psettings, "account_balances") == last
+
+
+async def test_cli_exits_although_a_task_ignores_cancellation(es: EventStore, psettings: ProjectionSettings) -> None:
+    await append_workload(es, workload(200, accounts=20))
+    code, stderr, seconds = await _run_cli(psettings, "run", "shutdown_examples:StubbornBalances", "--until-caught-up")
+    assert code == 0, stderr
+    assert seconds < LIVENESS_S + 5, stderr  # today it waits for the stubborn task forever
+    assert checkpoint(psettings, "stubborn_balances") == await es.last_position()
+    # Live mode: SIGTERM stops the runners; the task left over must not keep the process alive.
+    proc = spawn(psettings, "run", "shutdown_examples:StubbornBalances", stderr=subprocess.PIPE)
+    await append_workload(es, workload(50, accounts=20, seed=3))
+    last = await es.last_position()
+    await wait_until(lambda: checkpoint(psettings, "stubborn_balances") == last, 30, "the daemon to catch up")
+    code, stderr, seconds = await _terminate(proc, signal.SIGTERM)
+    assert code == 0 and seconds < LIVENESS_S, f"exit {code} after {seconds:.1f}s\n{stderr}"
+
+
+async def test_sigterm_ends_the_daemon_in_every_phase(es: EventStore, psettings: ProjectionSettings) -> None:
+    await append_workload(es, workload(3000, accounts=200))
+    last = await es.last_position()
+    args = ("run", BALANCES, "projection_examples:Movements", "--batch-size", "20")
+
+    # Start-up (imports, connection, lease): ends at once, by the handler or by the default action.
+    proc = spawn(psettings, *args, stderr=subprocess.PIPE)
+    await asyncio.sleep(0.3)
+    code, stderr, seconds = await _terminate(proc, signal.SIGTERM)
+    assert code in (0, -signal.SIGTERM) and seconds < LIVENESS_S, f"start-up: exit {code} after {seconds:.1f}s\n{stderr}"
+
+    # Catch-up, in the middle of the replay: the batch in hand is committed, the lease released.
+    proc = spawn(psettings, *args, stderr=subprocess.PIPE)
+    before = checkpoint(psettings, "account_balances")
+    await wait_until(lambda: checkpoint(psettings, "account_balances") > before, 30, "catch-up to start")
+    code, stderr, seconds = await _terminate(proc, signal.SIGTERM)
+    assert code == 0 and seconds < LIVENESS_S, f"catch-up: exit {code} after {seconds:.1f}s\n{stderr}"
+    assert "Received SIGTERM" in stderr
+
+    # Idle, following live.
+    proc = spawn(psettings, *args, stderr=subprocess.PIPE)
+    await wait_until(lambda: checkpoint(psettings, "account_balances") == last, 30, "the daemon to catch up")
+    await asyncio.sleep(0.5)
+    code, stderr, seconds = await _terminate(proc, signal.SIGTERM)
+    assert code == 0 and seconds < LIVENESS_S, f"idle: exit {code} after {seconds:.1f}s\n{stderr}"
+
+    # During the stop (lease release, counters): a second signal ends it at once.
+    proc = spawn(psettings, *args, stderr=subprocess.PIPE)
+    await _wait_owned(psettings, es, proc.pid)
+    code, stderr, seconds = await _terminate(proc, signal.SIGTERM, signal.SIGTERM, between_s=0.01)
+    # 143: cancelled by the second signal; -15: it came after the loop had ended, so the default action ended it.
+    assert code in (0, 128 + signal.SIGTERM, -signal.SIGTERM) and seconds < LIVENESS_S, f"stop: exit {code} after {seconds:.1f}s\n{stderr}"
+
+    # Every stop released its lease: a new daemon takes over at once, not after the TTL.
+    code, stderr, seconds = await _run_cli(psettings, *args, "--until-caught-up")
+    assert code == 0 and "waiting to take over" not in stderr, stderr
