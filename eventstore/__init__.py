@@ -30,7 +30,7 @@ from .server import EmbeddedServer, find_nats_server
 from .settings import EventStoreSettings
 from .store import EntityInfo, EventStore, Pending, StoreInfo
 from .streams import StreamId, decode_entity_id, encode_entity_id
-from .tasks import Backoff, stop_task
+from .tasks import Backoff, Outage, stop_task
 from .wire import Header, decode_commit, encode_commit
 
 __all__ = [
@@ -55,6 +55,7 @@ __all__ = [
     "MAX_ENTITIES_PER_APPEND",
     "NO_STREAM",
     "OrderedPull",
+    "Outage",
     "Pending",
     "RecordedEvent",
     "ServerUnavailableError",

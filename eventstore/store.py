@@ -44,6 +44,7 @@ from .registry import TypeRegistry
 from .server import EmbeddedServer
 from .settings import EventStoreSettings
 from .streams import StreamId, decode_entity_id, validate_category
+from .tasks import Outage
 from .wire import Header
 
 __all__ = ["EntityInfo", "EventStore", "StoreInfo"]
@@ -51,13 +52,21 @@ __all__ = ["EntityInfo", "EventStore", "StoreInfo"]
 log = logging.getLogger("jetsourcing.eventstore")
 
 
-async def _on_error(exc: Exception) -> None:
-    # nats-py's default logs a full traceback for every failed reconnect attempt.
-    log.warning("NATS connection problem: %s", exc or type(exc).__name__)
+class _ConnectionLog:
+    """A connection's trouble, logged once per outage (and a reminder a minute), not per reconnect attempt.
 
+    nats-py's default logs a full traceback for every failed attempt, five a second while the server is down.
+    """
 
-async def _on_reconnected() -> None:
-    log.info("Reconnected to NATS")
+    def __init__(self) -> None:
+        self.outage = Outage("NATS connection", log)
+
+    async def error(self, exc: Exception) -> None:
+        self.outage.failed(exc)
+
+    async def reconnected(self) -> None:
+        self.outage.succeeded()
+        log.info("Reconnected to NATS")
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,15 +171,16 @@ class EventStore:
         # Give up on the first connection after about request_timeout_s; once
         # connected, reconnect forever (see below).
         first_attempts = max(1, int(settings.request_timeout_s / 0.2))
+        connection_log = _ConnectionLog()
         options: dict[str, Any] = {
             "name": settings.connect_name,
             "max_reconnect_attempts": first_attempts,
             "reconnect_time_wait": 0.2,
             "connect_timeout": settings.request_timeout_s,
             "allow_reconnect": True,
-            "error_cb": _on_error,
+            "error_cb": connection_log.error,
             "disconnected_cb": on_disconnected,
-            "reconnected_cb": _on_reconnected,
+            "reconnected_cb": connection_log.reconnected,
             **security.connect_options(settings),
         }
         options.update(connect_options)

@@ -7,8 +7,8 @@ loop that relies on one ``task.cancel()`` to end may run on forever, and
 whoever awaits it hangs. :func:`stop_task` asks first (the task's own stop flag),
 then cancels, re-sending the cancellation until the task ends, and waits a
 bounded time in all. :class:`Backoff` gives a retry loop growing, jittered
-delays and logs an outage once when it starts, then a reminder now and then,
-and once when it ends, instead of a line per attempt.
+delays; :class:`Outage` logs a failure once when it starts, then a reminder
+now and then, and once when it ends, instead of a line per attempt.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import random
 import time
 from typing import Any
 
-__all__ = ["Backoff", "stop_task"]
+__all__ = ["Backoff", "Outage", "stop_task"]
 
 log = logging.getLogger("eventstore")
 
@@ -58,25 +58,14 @@ async def stop_task(task: asyncio.Future[Any], *, timeout_s: float, grace_s: flo
     return True
 
 
-class Backoff:
-    """Delays for one retry loop: exponential from ``first_s`` to ``cap_s``, each drawn between half and all of
-    the current step (jitter, so many clients do not retry in step); and logging by state, not by attempt.
+class Outage:
+    """Logs a failing operation by state, not by attempt: a warning when it starts failing, a reminder every
+    ``remind_s`` seconds while it goes on (debug lines otherwise), and one line when it works again."""
 
-    :meth:`failed` returns the next delay; the first failure after a success is
-    logged as a warning naming ``what``, later ones only every ``remind_s``
-    seconds (at debug level otherwise). :meth:`succeeded` resets the delay and,
-    after failures, logs once that ``what`` works again.
-    """
-
-    def __init__(
-        self, what: str, logger: logging.Logger, *, first_s: float = 0.1, cap_s: float = 5.0, remind_s: float = 60.0
-    ) -> None:
+    def __init__(self, what: str, logger: logging.Logger, *, remind_s: float = 60.0) -> None:
         self.what = what
         self.log = logger
-        self.first_s = first_s
-        self.cap_s = cap_s
         self.remind_s = remind_s
-        self._step = first_s
         self._since: float | None = None
         self._reminded = 0.0
         self._failures = 0
@@ -86,28 +75,51 @@ class Backoff:
         """True between a failure and the next success."""
         return self._since is not None
 
-    def failed(self, exc: BaseException | str) -> float:
-        """Record a failed attempt; return how long to wait before the next one."""
+    def failed(self, exc: BaseException | str) -> None:
+        """Record a failed attempt."""
         now = time.monotonic()
         self._failures += 1
+        reason = str(exc) or type(exc).__name__
         if self._since is None:
             self._since = self._reminded = now
-            self.log.warning("%s failed (%s); retrying with backoff up to %.1f s.", self.what, exc, self.cap_s)
+            self.log.warning("%s failed (%s); retrying.", self.what, reason)
         elif now - self._reminded >= self.remind_s:
             self._reminded = now
             self.log.warning("%s still failing after %.0f s and %d attempts (%s); retrying.", self.what,
-                             now - self._since, self._failures, exc)
+                             now - self._since, self._failures, reason)
         else:
-            self.log.debug("%s failed again (%s).", self.what, exc)
+            self.log.debug("%s failed again (%s).", self.what, reason)
+
+    def succeeded(self) -> None:
+        """Record a success; after failures, log once that ``what`` works again."""
+        if self._since is not None:
+            self.log.info("%s works again after %.1f s (%d failed attempts).", self.what,
+                          time.monotonic() - self._since, self._failures)
+        self._since = None
+        self._failures = 0
+
+
+class Backoff:
+    """Delays for one retry loop: exponential from ``first_s`` to ``cap_s``, each drawn between half and all of
+    the current step (jitter, so many clients do not retry in step); failures logged by :class:`Outage`.
+    """
+
+    def __init__(
+        self, what: str, logger: logging.Logger, *, first_s: float = 0.1, cap_s: float = 5.0, remind_s: float = 60.0
+    ) -> None:
+        self.first_s = first_s
+        self.cap_s = cap_s
+        self.outage = Outage(what, logger, remind_s=remind_s)
+        self._step = first_s
+
+    def failed(self, exc: BaseException | str) -> float:
+        """Record a failed attempt; return how long to wait before the next one."""
+        self.outage.failed(exc)
         delay = random.uniform(self._step / 2, self._step)
         self._step = min(self._step * 2, self.cap_s)
         return delay
 
     def succeeded(self) -> None:
         """Record a success: the next failure starts again from ``first_s`` (and is logged)."""
-        if self._since is not None:
-            self.log.info("%s works again after %.1f s (%d failed attempts).", self.what,
-                          time.monotonic() - self._since, self._failures)
-        self._since = None
-        self._failures = 0
+        self.outage.succeeded()
         self._step = self.first_s
