@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import sqlite3
 import subprocess
 import time
 from pathlib import Path
@@ -11,11 +12,11 @@ from typing import Any
 
 from nats.js.kv import KeyValue
 
-from eventstore import EventStore
-from projections import ProjectionSettings, read_status
+from eventstore import EventStore, stop_task
+from projections import Daemon, Outcome, ProjectionSettings, read_status
 from projections.lease import Lease, open_lease_bucket
 
-from projection_examples import append_workload, workload
+from projection_examples import AccountBalances, append_workload, workload
 from projection_helpers import checkpoint, spawn, wait_until
 
 
@@ -184,3 +185,46 @@ async def test_sigterm_ends_the_daemon_in_every_phase(es: EventStore, psettings:
     # Every stop released its lease: a new daemon takes over at once, not after the TTL.
     code, stderr, seconds = await _run_cli(psettings, *args, "--until-caught-up")
     assert code == 0 and "waiting to take over" not in stderr, stderr
+
+
+# -- the daemon's retries -----------------------------------------------------------------------------------------
+
+
+async def test_a_busy_read_model_store_is_retried_without_freezing_the_event_loop(
+    es: EventStore, psettings: ProjectionSettings
+) -> None:
+    settings = psettings.model_copy(update={"sqlite_busy_timeout_s": 0.05, "status_interval_s": 30.0})
+    daemon = Daemon([AccountBalances()], settings, event_store=es)
+    running = asyncio.create_task(daemon.run())
+    stalls: list[float] = []
+
+    async def watch_the_loop() -> None:
+        while True:
+            before = time.monotonic()
+            await asyncio.sleep(0.01)
+            stalls.append(time.monotonic() - before - 0.01)
+
+    watcher = asyncio.create_task(watch_the_loop())
+    try:
+        await append_workload(es, workload(50, accounts=10))
+        last = await es.last_position()
+        await wait_until(lambda: checkpoint(settings, "account_balances") == last, 30, "catch-up")
+        blocker = sqlite3.connect(settings.database, isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")  # another writer holds the database: the daemon's commits are refused
+        try:
+            stalls.clear()
+            await append_workload(es, workload(20, accounts=10, seed=2))
+            await asyncio.sleep(1.2)  # the daemon retries meanwhile (0.5 s, then 1 s later)
+        finally:
+            blocker.rollback()
+            blocker.close()
+        # The retry waits asleep, not with time.sleep: the loop (lease renewals, other projections) keeps running.
+        assert max(stalls) < 0.3, f"the event loop stalled for {max(stalls):.2f}s"
+        last = await es.last_position()
+        await wait_until(lambda: checkpoint(settings, "account_balances") == last, 30, "the retried batch")
+    finally:
+        daemon.stop()
+        async with asyncio.timeout(10):
+            outcomes = await running
+        await stop_task(watcher, timeout_s=1)
+    assert outcomes == {"account_balances": Outcome.STOPPED}
