@@ -36,8 +36,8 @@ import os
 import signal
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from typing import Any, TypeVar
 
 from nats.js.kv import KeyValue
 
@@ -55,9 +55,11 @@ from .source import EventBatch, EventSource
 from .sqlite import SqliteStore
 from .store import Generation, ReadModelStore, RunState, Writer
 
-__all__ = ["Daemon", "Outcome", "ProjectionRunner", "run_daemon"]
+__all__ = ["Daemon", "Outcome", "ProjectionRunner", "SignalShutdown", "run_daemon"]
 
 log = logging.getLogger("projections")
+
+T = TypeVar("T")
 
 _STORE_RETRIES = 3
 
@@ -352,32 +354,23 @@ class Daemon:
 def run_daemon(
     projections: Sequence[Projection], settings: ProjectionSettings | None = None, *, until_caught_up: bool = False
 ) -> int:
-    """Run a :class:`Daemon` in a new event loop, stopping cleanly on SIGINT/SIGTERM.
+    """Run a :class:`Daemon` in a new event loop, stopping cleanly on SIGINT/SIGTERM (see :class:`SignalShutdown`).
 
     Returns the process exit code: 0 when every projection stopped or caught
-    up, 1 when any stopped with an error. The first signal asks every runner
-    to finish its batch and release its lease; a second signal, or
-    ``shutdown_timeout_s`` without the stop completing, cancels the work
-    (exit code 128 + the signal's number). Should even that, or the event
-    loop's own clean-up after a run, not end within a few seconds (a task
-    ignoring cancellation), the process exits at once with its exit code:
-    every commit is atomic, so this is as safe as a kill.
+    up, 1 when any stopped with an error, 128 + the signal's number when the
+    stop had to be forced.
     """
     daemon = Daemon(projections, settings)
-    shutdown = _Shutdown(daemon)
-
-    async def main() -> int:
-        shutdown.install()
-        outcomes = await daemon.run(until_caught_up=until_caught_up)
-        shutdown.exit_code = 1 if any(o is Outcome.ERROR for o in outcomes.values()) else 0
-        shutdown.exit_later()  # bounds asyncio.run's clean-up, which waits for every task left
-        return shutdown.exit_code
-
+    shutdown = SignalShutdown(daemon.stop, daemon.settings.shutdown_timeout_s)
     try:
-        return asyncio.run(main())
+        outcomes = shutdown.run(daemon.run(until_caught_up=until_caught_up), exit_code=_exit_code)
     except asyncio.CancelledError:
-        log.warning("Stopped by cancellation: the batches in hand were rolled back.")
         return shutdown.exit_code
+    return _exit_code(outcomes)
+
+
+def _exit_code(outcomes: dict[str, Outcome]) -> int:
+    return 1 if any(o is Outcome.ERROR for o in outcomes.values()) else 0
 
 
 _FORCED_EXIT_AFTER_S = 3.0
@@ -385,46 +378,74 @@ _FORCED_EXIT_AFTER_S = 3.0
 _RECANCEL_S = 0.25
 
 
-class _Shutdown:
-    """SIGINT/SIGTERM handling of :func:`run_daemon`: a graceful stop, then cancellation, then an immediate exit."""
+class SignalShutdown:
+    """Runs a command's coroutine in a new event loop; SIGINT/SIGTERM stop it in three steps that always end.
 
-    def __init__(self, daemon: Daemon) -> None:
-        self.daemon = daemon
+    1. The first signal calls ``stop`` (the command finishes its work in hand).
+    2. A second signal, or ``timeout_s`` after the first without the command
+       ending, cancels it, re-sending the cancellation until it ends (one can
+       be lost, see :mod:`eventstore.tasks`); :meth:`run` then raises
+       ``CancelledError`` and :attr:`exit_code` is 128 + the signal's number.
+    3. If the cancelled command, or the event loop's clean-up after any end
+       (it waits for every task left), has not finished 3 s later, the process
+       exits at once (``os._exit``) with :attr:`exit_code`.
+    """
+
+    def __init__(self, stop: Callable[[], None], timeout_s: float) -> None:
+        self.stop = stop
+        self.timeout_s = timeout_s
         self.signals = 0
         self.exit_code = 1
         self.forced = False
         self._task: asyncio.Task[Any] | None = None
 
-    def install(self) -> None:
-        """Handle SIGINT and SIGTERM in the running loop, for its current task."""
-        self._task = asyncio.current_task()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError):
-                loop.add_signal_handler(sig, self.on_signal, sig)
+    def run(self, main: Coroutine[Any, Any, T], *, exit_code: Callable[[T], int] = lambda _: 0) -> T:
+        """``asyncio.run(main)`` with the signals handled; ``exit_code`` of its result is the code of a forced exit
+        during the loop's clean-up (1 if it raised)."""
 
-    def on_signal(self, sig: signal.Signals) -> None:
+        async def guarded() -> T:
+            self._task = asyncio.current_task()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                with contextlib.suppress(NotImplementedError):
+                    loop.add_signal_handler(sig, self._on_signal, sig)
+            try:
+                result = await main
+            except Exception:
+                self.exit_code = 1
+                self._exit_later()
+                raise
+            if not self.forced:
+                self.exit_code = exit_code(result)
+            self._exit_later()
+            return result
+
+        try:
+            return asyncio.run(guarded())
+        except asyncio.CancelledError:
+            log.warning("Stopped by cancellation: the work in hand was rolled back.")
+            raise
+
+    def _on_signal(self, sig: signal.Signals) -> None:
         self.signals += 1
         self.exit_code = 128 + sig.value
         if self.signals > 1:
-            self.force(f"Received {sig.name} again")
+            self._force(f"Received {sig.name} again")
             return
-        timeout_s = self.daemon.settings.shutdown_timeout_s
-        log.info("Received %s: finishing the current batches and stopping (within %.0f s; send it again to stop "
-                 "at once).", sig.name, timeout_s)
-        self.daemon.stop()
+        log.info("Received %s: finishing the work in hand and stopping (within %.0f s; send it again to stop at "
+                 "once).", sig.name, self.timeout_s)
+        self.stop()
         asyncio.get_running_loop().call_later(
-            timeout_s, self.force, f"The stop did not complete within {timeout_s:.0f} s"
+            self.timeout_s, self._force, f"The stop did not complete within {self.timeout_s:.0f} s"
         )
 
-    def force(self, reason: str) -> None:
-        """Cancel the daemon's work, re-sending the cancellation until it ends; exit soon in any case."""
+    def _force(self, reason: str) -> None:
         if self.forced or self._task is None or self._task.done():
             return
         self.forced = True
         log.warning("%s: cancelling the work in hand.", reason)
         self._cancel()
-        self.exit_later()
+        self._exit_later()
 
     def _cancel(self) -> None:
         # Re-sent: a task can swallow a cancellation (see eventstore.tasks).
@@ -432,11 +453,10 @@ class _Shutdown:
             self._task.cancel()
             asyncio.get_running_loop().call_later(_RECANCEL_S, self._cancel)
 
-    def exit_later(self) -> None:
-        """Exit the process with :attr:`exit_code` if the event loop still runs in a few seconds."""
+    def _exit_later(self) -> None:
         asyncio.get_running_loop().call_later(_FORCED_EXIT_AFTER_S, self._exit_now)
 
     def _exit_now(self) -> None:
-        log.error("The daemon's tasks did not end within %.0f s: exiting now.", _FORCED_EXIT_AFTER_S)
+        log.error("Tasks did not end within %.0f s: exiting now.", _FORCED_EXIT_AFTER_S)
         logging.shutdown()
         os._exit(self.exit_code)
