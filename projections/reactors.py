@@ -499,7 +499,8 @@ class ReactorWorker:
             cb=self._on_max_deliveries,
         )
         messages = await nc.subscribe(f"{self._inbox}.*", cb=self._on_msg, pending_msgs_limit=-1, pending_bytes_limit=-1)
-        ticker = asyncio.ensure_future(self._heartbeats())
+        ended = asyncio.Event()
+        ticker = asyncio.ensure_future(self._heartbeats(ended))
         started = time.monotonic()
         try:
             await self._pull_loop()
@@ -515,7 +516,8 @@ class ReactorWorker:
                 await stop_task(task, timeout_s=self._api_timeout_s)  # bounded: a cancel can be swallowed
             raise
         finally:
-            await stop_task(ticker, timeout_s=self._api_timeout_s)
+            ended.set()
+            await stop_task(ticker, grace_s=0.1, timeout_s=self._api_timeout_s)
             await self._unsubscribe(advisories)
             await self._unsubscribe(messages)
             self._pulls.clear()
@@ -649,11 +651,18 @@ class ReactorWorker:
         if not task.cancelled() and task.exception() is not None:
             log.error("reactor %s: unexpected worker error", self.reactor.name, exc_info=task.exception())
 
-    async def _heartbeats(self) -> None:
-        """Send ``+WPI`` for every message whose handling has lasted a third of ack_wait since the last sign of life."""
+    async def _heartbeats(self, ended: asyncio.Event) -> None:
+        """Send ``+WPI`` for every message whose handling has lasted a third of ack_wait since the last sign of life.
+
+        Ends on ``ended``, not only on cancellation (which can be lost, see eventstore.tasks).
+        """
         interval = self.reactor.ack_wait_s / 3
         while True:
-            await asyncio.sleep(interval / 4)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(interval / 4):
+                    await ended.wait()
+            if ended.is_set():
+                return
             now = time.monotonic()
             for reply, (msg, last) in list(self._flights.items()):
                 if now - last >= interval:
