@@ -6,6 +6,7 @@ import asyncio
 import signal
 import sqlite3
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -228,3 +229,53 @@ async def test_a_busy_read_model_store_is_retried_without_freezing_the_event_loo
             outcomes = await running
         await stop_task(watcher, timeout_s=1)
     assert outcomes == {"account_balances": Outcome.STOPPED}
+
+
+# -- SignalShutdown: the three steps, in a process of their own -------------------------------------------------------
+
+_COMMAND = """
+import asyncio, sys
+from projections.daemon import SignalShutdown
+
+async def command(stubborn: bool) -> None:
+    print("ready", flush=True)
+    while True:  # ignores the stop; with stubborn, every cancellation too
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            if not stubborn:
+                raise
+
+shutdown = SignalShutdown(lambda: print("stop asked", flush=True), timeout_s=float(sys.argv[2]))
+try:
+    shutdown.run(command(sys.argv[1] == "stubborn"))
+except asyncio.CancelledError:
+    sys.exit(shutdown.exit_code)
+"""
+
+
+async def _command(kind: str, timeout_s: float, *signals: signal.Signals) -> tuple[int, str, float]:
+    proc = subprocess.Popen([sys.executable, "-c", _COMMAND, kind, str(timeout_s)], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+    assert await asyncio.to_thread(proc.stdout.readline) == b"ready\n"
+    code, stderr, seconds = await _terminate(proc, *signals, between_s=0.2)
+    return code, stderr, seconds
+
+
+async def test_a_command_that_ignores_the_stop_is_cancelled_after_its_timeout() -> None:
+    code, stderr, seconds = await _command("polite", 0.5, signal.SIGTERM)
+    assert code == 128 + signal.SIGTERM and seconds < LIVENESS_S, f"exit {code} after {seconds:.1f}s\n{stderr}"
+    assert "did not complete within" in stderr
+
+
+async def test_a_second_signal_cancels_at_once() -> None:
+    code, stderr, seconds = await _command("polite", 60.0, signal.SIGINT, signal.SIGINT)
+    assert code == 128 + signal.SIGINT and seconds < LIVENESS_S, f"exit {code} after {seconds:.1f}s\n{stderr}"
+    assert "Received SIGINT again" in stderr
+
+
+async def test_a_command_that_ignores_cancellation_too_is_ended_by_exiting() -> None:
+    code, stderr, seconds = await _command("stubborn", 0.5, signal.SIGTERM)
+    assert code == 128 + signal.SIGTERM and seconds < LIVENESS_S, f"exit {code} after {seconds:.1f}s\n{stderr}"
+    assert "exiting now" in stderr
