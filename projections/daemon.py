@@ -275,9 +275,11 @@ class ProjectionRunner:
         finally:
             # Bounded: a read inside a nats-py request can swallow its cancellation (see eventstore.tasks).
             timeout_s = self.settings.eventstore.request_timeout_s
-            for future in (next_batch, stop_wait, lost_wait):
-                if future is not None:
-                    await stop_task(future, timeout_s=timeout_s)
+            futures = [f for f in (next_batch, stop_wait, lost_wait) if f is not None]
+            for future in futures:
+                future.cancel()  # all at once, so none is left running if this stop is itself cancelled
+            for future in futures:
+                await stop_task(future, timeout_s=timeout_s)
             aclose = getattr(source, "aclose", None)
             if aclose is not None:
                 await stop_task(asyncio.ensure_future(aclose()), grace_s=timeout_s, timeout_s=timeout_s + 1.0)

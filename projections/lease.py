@@ -74,8 +74,8 @@ class Lease:
     Guarantees: while :attr:`lost` is not set, no other owner has created the
     key since this one did (as far as the server has answered); ``lost`` is
     set as soon as a renewal finds another owner. :meth:`release` always
-    returns within about ``request_timeout_s`` plus a second, and after it
-    returns nothing renews the lease any more.
+    returns, within about twice ``request_timeout_s`` plus a second, and
+    after it returns nothing renews the lease any more.
     """
 
     def __init__(self, kv: KeyValue, key: str, owner: str, ttl_s: float, *, request_timeout_s: float = 5.0) -> None:
