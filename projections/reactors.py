@@ -512,8 +512,11 @@ class ReactorWorker:
             self._stopping = True
             await self._unsubscribe(advisories)
             advisories = None
-            for task in list(self._tasks):
-                await stop_task(task, timeout_s=self._api_timeout_s)  # bounded: a cancel can be swallowed
+            tasks = list(self._tasks)
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                await stop_task(task, timeout_s=self._api_timeout_s)  # bounded: a cancellation can be swallowed
             raise
         finally:
             ended.set()
