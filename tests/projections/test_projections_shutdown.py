@@ -56,7 +56,7 @@ class CancelSwallowingKV:
 async def test_lease_release_ends_even_when_the_keep_alive_swallows_its_cancellation(
     es: EventStore, psettings: ProjectionSettings
 ) -> None:
-    kv, ttl = await open_lease_bucket(es.nc, psettings.lease_bucket, 0.6)
+    kv, ttl = await open_lease_bucket(es.nc, psettings.lease_bucket, 1.5)
     swallowing = CancelSwallowingKV(kv)
     lease = Lease(swallowing, "swallow", "me", ttl)  # type: ignore[arg-type]
     assert await lease.try_acquire()
@@ -72,7 +72,9 @@ async def test_lease_release_ends_even_when_the_keep_alive_swallows_its_cancella
         assert lease.revision is None
         assert await lease.holder() is None, "a released lease must be free at once"
         renewals = swallowing.updates
-        await asyncio.sleep(ttl)  # nothing renews a released lease
+        # Nothing renews a released lease: two renewal intervals pass without an update. (Less than the TTL: its
+        # delete marker must not expire while try_acquire below re-creates the key.)
+        await asyncio.sleep(2 * ttl / 3)
         assert swallowing.updates == renewals
         assert await lease.try_acquire()
     await lease.release()
