@@ -6,7 +6,8 @@ commits), ``wire.py`` (the message layout), ``reading.py`` and ``consumer.py``
 (loading one entity, replaying the stream), ``server.py`` (the embedded
 nats-server), ``security.py`` and ``connection.py`` (credentials, TLS, and the
 nats-py connection), ``validation.py`` (the public arguments' checks),
-``stream_check.py`` (which stream settings keep acknowledged events) and
+``stream_check.py`` (which stream settings keep acknowledged events),
+``tasks.py`` (stopping background tasks for sure, retry backoff) and
 ``errors.py``.
 """
 
@@ -32,12 +33,14 @@ from .server import EmbeddedServer, find_nats_server
 from .settings import EventStoreSettings
 from .store import EntityInfo, EventStore, Pending, StoreInfo
 from .streams import StreamId, decode_entity_id, encode_entity_id
+from .tasks import Backoff, Outage, stop_task
 from .wire import Header, decode_commit, encode_commit
 
 __all__ = [
     "ANY",
     "AppendResult",
     "AuthenticationError",
+    "Backoff",
     "ConcurrencyError",
     "ConnectionSecurity",
     "EmbeddedServer",
@@ -56,6 +59,7 @@ __all__ = [
     "MAX_ENTITIES_PER_APPEND",
     "NO_STREAM",
     "OrderedPull",
+    "Outage",
     "Pending",
     "RecordedEvent",
     "ServerUnavailableError",
@@ -75,4 +79,5 @@ __all__ = [
     "encode_commit",
     "encode_entity_id",
     "find_nats_server",
+    "stop_task",
 ]

@@ -22,7 +22,6 @@ import contextlib
 import json
 import logging
 import math
-import time
 from collections.abc import AsyncIterator, Coroutine, Generator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -48,6 +47,7 @@ from .settings import EventStoreSettings
 from .stream_check import config_problems
 from .streams import StreamId, decode_entity_id, validate_category
 from .validation import check_bool, check_categories, check_int, check_optional_int, check_seconds, check_stream_id
+from .tasks import Outage
 from .wire import Header, commit_version
 
 __all__ = ["EntityInfo", "EventStore", "StoreInfo"]
@@ -61,42 +61,32 @@ _MAX_BATCH = 100_000
 
 
 class _ConnectionLog:
-    """Logs a connection's troubles once per change of state, then a reminder every ``remind_s`` while they last.
+    """A connection's trouble, logged once per outage (a warning, a reminder a minute, a line when it is over).
 
     nats-py calls ``error_cb`` for every failed attempt (every 200 ms while the
     server is down; its default logs a full traceback each time). Before the
     first connection succeeds nothing is logged at warning level: that attempt
-    ends in one :class:`ServerUnavailableError` that says it all.
+    ends in one :class:`ServerUnavailableError` that says it all. Nor is
+    anything logged while the store closes.
     """
 
-    def __init__(self, remind_s: float = 30.0) -> None:
-        self.remind_s = remind_s
+    def __init__(self) -> None:
         self.connected = False
         self.closing = False
-        self._down_since: float | None = None
-        self._said_at: float | None = None  # when a warning was last logged in the current state
+        self.outage = Outage("The NATS connection", log)
 
     async def on_error(self, exc: Exception) -> None:
-        text = str(exc) or type(exc).__name__
-        now = time.monotonic()
-        if not self.connected or self.closing or (self._said_at is not None and now - self._said_at < self.remind_s):
-            log.debug("NATS connection problem: %s", text)
-        elif self._down_since is None:
-            self._said_at = now
-            log.warning("NATS connection problem: %s", text)
+        if not self.connected or self.closing:
+            log.debug("NATS connection problem: %s", exc or type(exc).__name__)
         else:
-            self._said_at = now
-            log.warning("Still disconnected from NATS after %.0fs (last error: %s); reconnecting", now - self._down_since, text)
+            self.outage.failed(exc)
 
     async def on_disconnected(self) -> None:
-        if self.connected and not self.closing and self._down_since is None:
-            self._down_since = self._said_at = time.monotonic()
-            log.warning("Disconnected from NATS; reconnecting")
+        if self.connected and not self.closing:
+            self.outage.failed("disconnected; reconnecting")
 
     async def on_reconnected(self) -> None:
-        if self._down_since is not None:
-            log.info("Reconnected to NATS after %.1fs", time.monotonic() - self._down_since)
-        self._down_since = self._said_at = None
+        self.outage.succeeded()
 
 
 @dataclass(frozen=True, slots=True)

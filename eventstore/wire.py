@@ -37,7 +37,7 @@ from datetime import datetime, timezone
 from typing import Final
 from urllib.parse import unquote
 
-from .errors import EventDecodeError, InvalidArgumentError, InvalidEventError
+from .errors import EventDecodeError, InvalidArgumentError
 from .events import RecordedEvent
 from .registry import TypeRegistry
 from .streams import StreamId

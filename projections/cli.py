@@ -22,12 +22,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import importlib
 import json
 import logging
 import os
-import signal
 import sys
 import traceback
 from collections.abc import Sequence
@@ -35,7 +33,7 @@ from typing import Any
 
 from eventstore import EventStoreError, EventStoreSettings
 
-from .daemon import run_daemon
+from .daemon import SignalShutdown, run_daemon
 from .errors import ProjectionError, ProjectionLoadError
 from .progress import progress_for
 from .projection import ErrorPolicy, Projection
@@ -126,15 +124,16 @@ def _settings(args: argparse.Namespace) -> ProjectionSettings:
     return ProjectionSettings(**values)
 
 
-async def _rebuild_until_signal(projection: Projection, settings: ProjectionSettings, resume: bool) -> RebuildResult:
-    """Rebuild; SIGINT/SIGTERM cancel it cleanly (readers keep the old model; the shadow is kept for --resume)."""
+def _rebuild_until_signal(projection: Projection, settings: ProjectionSettings, resume: bool) -> RebuildResult:
+    """Rebuild; SIGINT/SIGTERM stop it cleanly (readers keep the old model; the shadow is kept for --resume), a
+    second signal or ``shutdown_timeout_s`` cancels it (see :class:`SignalShutdown`)."""
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
-    return await rebuild(projection, settings, progress=progress_for(f"rebuild {projection.name}"), stop=stop,
-                         resume=resume)
+    shutdown = SignalShutdown(stop.set, settings.shutdown_timeout_s)
+    try:
+        return shutdown.run(rebuild(projection, settings, progress=progress_for(f"rebuild {projection.name}"),
+                                    stop=stop, resume=resume))
+    except asyncio.CancelledError:
+        raise SystemExit(shutdown.exit_code) from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -148,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_daemon(projections, settings, until_caught_up=args.until_caught_up)
         if args.command == "rebuild":
             projection = load_projection(args.projection)
-            result = asyncio.run(_rebuild_until_signal(projection, settings, args.resume))
+            result = _rebuild_until_signal(projection, settings, args.resume)
             print(f"{result.projection}: generation {result.generation} is live at checkpoint {result.checkpoint} "
                   f"({result.events} events in {result.seconds:.1f}s, {result.events_per_s:,.0f} events/s, "
                   f"{result.dead_lettered} dead-lettered)")

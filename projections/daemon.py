@@ -32,15 +32,16 @@ import asyncio
 import contextlib
 import enum
 import logging
+import os
 import signal
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from typing import Any, TypeVar
 
 from nats.js.kv import KeyValue
 
-from eventstore import EventStore, RecordedEvent
+from eventstore import EventStore, RecordedEvent, stop_task
 
 from .applier import Applier, Counters, error_report
 from .connection import connect_event_store, lease_key
@@ -54,9 +55,11 @@ from .source import EventBatch, EventSource
 from .sqlite import SqliteStore
 from .store import Generation, ReadModelStore, RunState, Writer
 
-__all__ = ["Daemon", "Outcome", "ProjectionRunner", "run_daemon"]
+__all__ = ["Daemon", "Outcome", "ProjectionRunner", "SignalShutdown", "run_daemon"]
 
 log = logging.getLogger("projections")
+
+T = TypeVar("T")
 
 _STORE_RETRIES = 3
 
@@ -118,7 +121,8 @@ class ProjectionRunner:
         outcome = Outcome.STOPPED
         try:
             store.ensure_live(self.projection, self.settings.eventstore.stream)
-            lease = Lease(self.kv, lease_key(store.store_id, self.name), self.owner, self.lease_ttl_s)
+            lease = Lease(self.kv, lease_key(store.store_id, self.name), self.owner, self.lease_ttl_s,
+                          request_timeout_s=self.settings.eventstore.request_timeout_s)
             while not self.stop_event.is_set():
                 if not await lease.acquire(self.stop_event):
                     break
@@ -243,7 +247,7 @@ class ProjectionRunner:
                     try:
                         batch = task.result()
                     except StopAsyncIteration:
-                        self._apply(applier, [], through=target)
+                        await self._apply(applier, [], through=target)
                         store.set_state(self.name, RunState.STOPPED, owner=self.owner, counters=self.counters.as_dict())
                         log.info("%s: caught up to position %d.", self.name, writer.checkpoint)
                         return Outcome.CAUGHT_UP
@@ -251,7 +255,7 @@ class ProjectionRunner:
                         raise _Reload  # never apply without the lease; the batch is read again by the next owner
                     self.counters.skipped += batch.skipped
                     try:
-                        self._apply(applier, batch.events, through=batch.last_position)
+                        await self._apply(applier, batch.events, through=batch.last_position)
                     except ProjectionStoppedError as exc:
                         failure = exc.failure
                         log.error("%s\n%s", exc, failure.traceback)
@@ -269,17 +273,18 @@ class ProjectionRunner:
                     if not writer.touch(self.counters.as_dict()):
                         raise _Reload
         finally:
-            pending: list[asyncio.Future[Any]] = [t for t in (next_batch, stop_wait, lost_wait) if t is not None]
-            for future in pending:
-                if not future.done():
-                    future.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
+            # Bounded: a read inside a nats-py request can swallow its cancellation (see eventstore.tasks).
+            timeout_s = self.settings.eventstore.request_timeout_s
+            futures = [f for f in (next_batch, stop_wait, lost_wait) if f is not None]
+            for future in futures:
+                future.cancel()  # all at once, so none is left running if this stop is itself cancelled
+            for future in futures:
+                await stop_task(future, timeout_s=timeout_s)
             aclose = getattr(source, "aclose", None)
             if aclose is not None:
-                with contextlib.suppress(Exception):
-                    await aclose()
+                await stop_task(asyncio.ensure_future(aclose()), grace_s=timeout_s, timeout_s=timeout_s + 1.0)
 
-    def _apply(self, applier: Applier, events: list[RecordedEvent], through: int | None = None) -> None:
+    async def _apply(self, applier: Applier, events: list[RecordedEvent], through: int | None = None) -> None:
         """Apply one batch; a checkpoint conflict means reload; store failures are retried, then raised."""
         for attempt in range(_STORE_RETRIES + 1):
             try:
@@ -294,7 +299,7 @@ class ProjectionRunner:
                 if attempt == _STORE_RETRIES:
                     raise
                 log.warning("%s: read-model store failed (%s); retrying the batch.", self.name, exc)
-                time.sleep(0.5 * 2**attempt)
+                await asyncio.sleep(0.5 * 2**attempt)
 
 
 class Daemon:
@@ -351,25 +356,109 @@ class Daemon:
 def run_daemon(
     projections: Sequence[Projection], settings: ProjectionSettings | None = None, *, until_caught_up: bool = False
 ) -> int:
-    """Run a :class:`Daemon` in a new event loop, stopping cleanly on SIGINT/SIGTERM.
+    """Run a :class:`Daemon` in a new event loop, stopping cleanly on SIGINT/SIGTERM (see :class:`SignalShutdown`).
 
     Returns the process exit code: 0 when every projection stopped or caught
-    up, 1 when any stopped with an error.
+    up, 1 when any stopped with an error, 128 + the signal's number when the
+    stop had to be forced.
     """
     daemon = Daemon(projections, settings)
+    shutdown = SignalShutdown(daemon.stop, daemon.settings.shutdown_timeout_s)
+    try:
+        outcomes = shutdown.run(daemon.run(until_caught_up=until_caught_up), exit_code=_exit_code)
+    except asyncio.CancelledError:
+        return shutdown.exit_code
+    return _exit_code(outcomes)
 
-    async def main() -> dict[str, Outcome]:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError):
-                loop.add_signal_handler(sig, _on_signal, daemon, sig)
-        return await daemon.run(until_caught_up=until_caught_up)
 
-    outcomes = asyncio.run(main())
+def _exit_code(outcomes: dict[str, Outcome]) -> int:
     return 1 if any(o is Outcome.ERROR for o in outcomes.values()) else 0
 
 
-def _on_signal(daemon: Daemon, sig: signal.Signals) -> None:
-    log.info("Received %s: finishing the current batches and stopping.", sig.name)
-    daemon.stop()
+_FORCED_EXIT_AFTER_S = 3.0
+"""How long cancelled work (or the event loop's clean-up) may take before the process exits without it."""
+_RECANCEL_S = 0.25
 
+
+class SignalShutdown:
+    """Runs a command's coroutine in a new event loop; SIGINT/SIGTERM stop it in three steps that always end.
+
+    1. The first signal calls ``stop`` (the command finishes its work in hand).
+    2. A second signal, or ``timeout_s`` after the first without the command
+       ending, cancels it, re-sending the cancellation until it ends (one can
+       be lost, see :mod:`eventstore.tasks`); :meth:`run` then raises
+       ``CancelledError`` and :attr:`exit_code` is 128 + the signal's number.
+    3. If the cancelled command, or the event loop's clean-up after any end
+       (it waits for every task left), has not finished 3 s later, the process
+       exits at once (``os._exit``) with :attr:`exit_code`.
+    """
+
+    def __init__(self, stop: Callable[[], None], timeout_s: float) -> None:
+        self.stop = stop
+        self.timeout_s = timeout_s
+        self.signals = 0
+        self.exit_code = 1
+        self.forced = False
+        self._task: asyncio.Task[Any] | None = None
+
+    def run(self, main: Coroutine[Any, Any, T], *, exit_code: Callable[[T], int] = lambda _: 0) -> T:
+        """``asyncio.run(main)`` with the signals handled; ``exit_code`` of its result is the code of a forced exit
+        during the loop's clean-up (1 if it raised)."""
+
+        async def guarded() -> T:
+            self._task = asyncio.current_task()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                with contextlib.suppress(NotImplementedError):
+                    loop.add_signal_handler(sig, self._on_signal, sig)
+            try:
+                result = await main
+            except Exception:
+                self.exit_code = 1
+                self._exit_later()
+                raise
+            if not self.forced:
+                self.exit_code = exit_code(result)
+            self._exit_later()
+            return result
+
+        try:
+            return asyncio.run(guarded())
+        except asyncio.CancelledError:
+            log.warning("Stopped by cancellation: the work in hand was rolled back.")
+            raise
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        self.signals += 1
+        self.exit_code = 128 + sig.value
+        if self.signals > 1:
+            self._force(f"Received {sig.name} again")
+            return
+        log.info("Received %s: finishing the work in hand and stopping (within %.0f s; send it again to stop at "
+                 "once).", sig.name, self.timeout_s)
+        self.stop()
+        asyncio.get_running_loop().call_later(
+            self.timeout_s, self._force, f"The stop did not complete within {self.timeout_s:.0f} s"
+        )
+
+    def _force(self, reason: str) -> None:
+        if self.forced or self._task is None or self._task.done():
+            return
+        self.forced = True
+        log.warning("%s: cancelling the work in hand.", reason)
+        self._cancel()
+        self._exit_later()
+
+    def _cancel(self) -> None:
+        # Re-sent: a task can swallow a cancellation (see eventstore.tasks).
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            asyncio.get_running_loop().call_later(_RECANCEL_S, self._cancel)
+
+    def _exit_later(self) -> None:
+        asyncio.get_running_loop().call_later(_FORCED_EXIT_AFTER_S, self._exit_now)
+
+    def _exit_now(self) -> None:
+        log.error("Tasks did not end within %.0f s: exiting now.", _FORCED_EXIT_AFTER_S)
+        logging.shutdown()
+        os._exit(self.exit_code)

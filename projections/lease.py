@@ -27,6 +27,8 @@ from nats.js.api import KeyValueConfig
 from nats.js.errors import BadRequestError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
+from eventstore import Backoff, stop_task
+
 from .errors import LeaseError
 
 __all__ = ["Lease", "new_owner_id", "open_lease_bucket"]
@@ -71,16 +73,20 @@ class Lease:
 
     Guarantees: while :attr:`lost` is not set, no other owner has created the
     key since this one did (as far as the server has answered); ``lost`` is
-    set as soon as a renewal finds another owner.
+    set as soon as a renewal finds another owner. :meth:`release` always
+    returns, within about twice ``request_timeout_s`` plus a second, and
+    after it returns nothing renews the lease any more.
     """
 
-    def __init__(self, kv: KeyValue, key: str, owner: str, ttl_s: float) -> None:
+    def __init__(self, kv: KeyValue, key: str, owner: str, ttl_s: float, *, request_timeout_s: float = 5.0) -> None:
         self.kv = kv
         self.key = key
         self.owner = owner
         self.ttl_s = ttl_s
+        self.request_timeout_s = request_timeout_s
         self.revision: int | None = None
         self.lost = asyncio.Event()
+        self._stopping = asyncio.Event()
         self._keepalive: asyncio.Task[None] | None = None
 
     @property
@@ -91,7 +97,8 @@ class Lease:
     async def holder(self) -> str | None:
         """The current holder's owner id, or None when the lease is free."""
         try:
-            entry = await self.kv.get(self.key)
+            async with asyncio.timeout(self.request_timeout_s):
+                entry = await self.kv.get(self.key)
         except KeyNotFoundError:  # also KeyDeletedError
             return None
         return entry.value.decode() if entry.value else None
@@ -99,31 +106,35 @@ class Lease:
     async def try_acquire(self) -> bool:
         """Take the lease if it is free; True on success (then it is kept alive until :meth:`release`)."""
         try:
-            self.revision = await self.kv.create(self.key, self.owner.encode())
+            async with asyncio.timeout(self.request_timeout_s):
+                self.revision = await self.kv.create(self.key, self.owner.encode())
         except KeyWrongLastSequenceError:
             return False
         self.lost = asyncio.Event()
-        self._keepalive = asyncio.create_task(self._keep_alive(), name=f"lease {self.key}")
+        self._stopping = asyncio.Event()
+        self._keepalive = asyncio.create_task(self._keep_alive(self._stopping), name=f"lease {self.key}")
         return True
 
     async def acquire(self, stop: asyncio.Event) -> bool:
         """Wait until the lease is ours (True) or ``stop`` is set (False). Survives server outages."""
         announced = None
+        backoff = Backoff(f"{self.key}: taking the lease", log, cap_s=max(self.ttl_s, 1.0))
         while not stop.is_set():
+            delay = min(self.ttl_s / 4, 1.0)
             try:
                 if await self.try_acquire():
+                    backoff.succeeded()
                     if announced:
                         log.info("%s: took over the lease from %s.", self.key, announced)
                     return True
                 holder = await self.holder()
+                backoff.succeeded()
                 if holder and holder != announced:
                     log.info("%s: held by %s; waiting to take over (TTL %.1fs).", self.key, holder, self.ttl_s)
                     announced = holder
             except Exception as exc:  # noqa: BLE001 - server unreachable: keep trying until stopped
-                log.debug("%s: lease request failed (%s); retrying.", self.key, exc)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(min(self.ttl_s / 4, 1.0)):  # unlike wait_for, never swallows a cancel
-                    await stop.wait()
+                delay = backoff.failed(exc)
+            await _wait(stop, delay)
         return False
 
     async def confirm(self) -> bool:
@@ -135,56 +146,82 @@ class Lease:
         if not self.held:
             return False
         try:
-            self.revision = await self.kv.update(self.key, self.owner.encode(), last=self.revision)
+            async with asyncio.timeout(self.request_timeout_s):
+                self.revision = await self.kv.update(self.key, self.owner.encode(), last=self.revision)
             return True
         except KeyWrongLastSequenceError:
             log.warning("%s: lease lost; stopping work on it.", self.key)
             self.lost.set()
             return False
 
-    async def _keep_alive(self) -> None:
+    async def _keep_alive(self, stopping: asyncio.Event) -> None:
+        # The loop ends on its own flag, checked after every await: a cancellation alone can be lost inside a
+        # nats-py request (see eventstore.tasks), and then a loop that waits only for it renews forever.
         interval = self.ttl_s / 3
-        while True:
-            await asyncio.sleep(interval)
+        backoff = Backoff(f"{self.key}: renewing the lease", log, cap_s=interval)
+        delay = interval
+        while not await _wait(stopping, delay):
             try:
+                await self._renew()
+                backoff.succeeded()
+                delay = interval
+            except Exception as exc:  # noqa: BLE001 - a restarting server: try again soon
+                delay = backoff.failed(exc)
+            if self.lost.is_set():
+                return
+
+    async def _renew(self) -> None:
+        """One renewal; sets :attr:`lost` if another owner has the key."""
+        try:
+            async with asyncio.timeout(self.request_timeout_s):
                 self.revision = await self.kv.update(self.key, self.owner.encode(), last=self.revision)
-                continue
-            except KeyWrongLastSequenceError:
-                pass
-            except Exception as exc:  # noqa: BLE001 - a restarting server: try again next time
-                log.debug("%s: lease renewal failed (%s); retrying.", self.key, exc)
-                continue
-            try:
-                # Our revision is not the last: the key expired (e.g. during a long outage) or someone took it.
+            return
+        except KeyWrongLastSequenceError:
+            pass
+        # Our revision is not the last: the key expired (e.g. during a long outage) or someone took it.
+        try:
+            async with asyncio.timeout(self.request_timeout_s):
                 try:
                     entry = await self.kv.get(self.key)
-                    holder = entry.value.decode() if entry.value else None
                 except KeyNotFoundError:
-                    entry, holder = None, None
-                if holder == self.owner and entry is not None:
+                    entry = None
+                if entry is not None and entry.value == self.owner.encode():
                     self.revision = entry.revision  # our renewal landed but its answer was lost
-                    continue
-                if holder is None:
+                    return
+                if entry is None:
                     self.revision = await self.kv.create(self.key, self.owner.encode())
                     log.info("%s: lease had expired; re-acquired it.", self.key)
-                    continue
-            except KeyWrongLastSequenceError:
-                holder = "another daemon"
-            except Exception as exc:  # noqa: BLE001
-                log.debug("%s: lease check failed (%s); retrying.", self.key, exc)
-                continue
-            log.warning("%s: lease lost to %s; stopping work on it.", self.key, holder)
-            self.lost.set()
-            return
+                    return
+                holder = entry.value.decode() if entry.value else "another daemon"
+        except KeyWrongLastSequenceError:
+            holder = "another daemon"
+        log.warning("%s: lease lost to %s; stopping work on it.", self.key, holder)
+        self.lost.set()
 
     async def release(self) -> None:
-        """Stop renewing and delete the key (if still ours), so a waiting daemon takes over at once."""
+        """Stop renewing and delete the key (if still ours), so a waiting daemon takes over at once.
+
+        Bounded: a renewal in flight may finish (so the revision to delete is
+        right) for at most ``request_timeout_s``; then the keep-alive is
+        cancelled until it ends. A key that cannot be deleted expires after the TTL.
+        """
+        self._stopping.set()
         task, self._keepalive = self._keepalive, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            await stop_task(task, grace_s=self.request_timeout_s, timeout_s=self.request_timeout_s + 1.0)
         revision, self.revision = self.revision, None
         if revision is not None and not self.lost.is_set():
-            with contextlib.suppress(Exception):
-                await self.kv.delete(self.key, last=revision)
+            try:
+                async with asyncio.timeout(self.request_timeout_s):
+                    await self.kv.delete(self.key, last=revision)
+            except Exception as exc:  # noqa: BLE001 - the key expires after the TTL anyway
+                log.debug("%s: could not delete the lease (%s); it expires after %.1fs.", self.key, exc, self.ttl_s)
+
+
+async def _wait(event: asyncio.Event, timeout_s: float) -> bool:
+    """Wait up to ``timeout_s`` for ``event``; True if it is set."""
+    if timeout_s > 0 and not event.is_set():
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):  # unlike wait_for, never swallows a cancellation
+                await event.wait()
+    return event.is_set()

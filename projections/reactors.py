@@ -50,6 +50,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
@@ -66,7 +67,7 @@ from nats.errors import Error as NatsError
 from nats.errors import NoRespondersError
 from pydantic import BaseModel
 
-from eventstore import EventStore, EventStoreError, RecordedEvent, ServerUnavailableError
+from eventstore import Backoff, EventStore, EventStoreError, RecordedEvent, ServerUnavailableError, stop_task
 from eventstore.streams import validate_category
 
 from .reactor_dlq import DeadLetterReason, ensure_dead_letter_stream, publish_dead_letter
@@ -300,7 +301,8 @@ class ReactorWorker:
     an event handed back on its last delivery is dead-lettered.
 
     ``pull_expires_s`` is how long one pull request waits for new events
-    (default 5 s, 0.25 s with ``until_idle``); ``name`` labels this worker in
+    (default 2 s, 0.25 s with ``until_idle``), and so at most how long
+    ``stop()`` keeps listening to hand back late messages; ``name`` labels this worker in
     logs.
 
     Every running worker of a reactor also listens (as one queue group) for
@@ -332,7 +334,7 @@ class ReactorWorker:
         self.until_idle = until_idle
         self.name = name or reactor.name
         self.stats = ReactorStats()
-        self._expires_s = pull_expires_s if pull_expires_s is not None else (0.25 if until_idle else 5.0)
+        self._expires_s = pull_expires_s if pull_expires_s is not None else (0.25 if until_idle else 2.0)
         self._api_timeout_s = store.settings.request_timeout_s
         self._stream = store.settings.stream
         self._handlers: dict[str, ReactorHandler] = {}
@@ -469,6 +471,10 @@ class ReactorWorker:
     def stop(self) -> None:
         """Ask ``run()`` to return: it takes no new messages and finishes (and acknowledges) the ones in hand.
 
+        Messages its open pull requests still bring are handed back at once
+        (``-NAK``), so another worker gets them without waiting ``ack_wait_s``;
+        ``run()`` returns once those requests have ended (``pull_expires_s``).
+
         A stopped worker stays stopped: ``run()`` called after ``stop()`` returns at once.
         """
         self._stopping = True
@@ -493,25 +499,28 @@ class ReactorWorker:
             cb=self._on_max_deliveries,
         )
         messages = await nc.subscribe(f"{self._inbox}.*", cb=self._on_msg, pending_msgs_limit=-1, pending_bytes_limit=-1)
-        ticker = asyncio.ensure_future(self._heartbeats())
+        ended = asyncio.Event()
+        ticker = asyncio.ensure_future(self._heartbeats(ended))
         started = time.monotonic()
         try:
             await self._pull_loop()
             self._stopping = True
-            while self._tasks:  # graceful: finish the messages in hand
-                await asyncio.wait(set(self._tasks))
+            await self._finish()
         except BaseException:
             # Cancelled, or the consumer vanished: hand the messages in hand back at once. Leave the advisory
             # queue group first, so an advisory caused by a hand-back goes to a worker that stays.
             self._stopping = True
             await self._unsubscribe(advisories)
             advisories = None
-            for task in self._tasks:
+            tasks = list(self._tasks)
+            for task in tasks:
                 task.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+            for task in tasks:
+                await stop_task(task, timeout_s=self._api_timeout_s)  # bounded: a cancellation can be swallowed
             raise
         finally:
-            ticker.cancel()
+            ended.set()
+            await stop_task(ticker, grace_s=0.1, timeout_s=self._api_timeout_s)
             await self._unsubscribe(advisories)
             await self._unsubscribe(messages)
             self._pulls.clear()
@@ -524,6 +533,27 @@ class ReactorWorker:
             )
         return self.stats
 
+    async def _finish(self) -> None:
+        """Graceful end: finish the messages in hand, then hand back what the open pull requests still bring.
+
+        A pull request stays open at the server until it expires or is filled,
+        and the server delivers to it even after this worker stopped listening:
+        those messages would wait ``ack_wait_s`` for another worker. So the
+        worker listens until its requests have ended (at most ``pull_expires_s``),
+        returning each late message at once (``-NAK``).
+        """
+        while True:
+            while self._tasks:
+                await asyncio.wait(set(self._tasks))
+            now = time.monotonic()
+            open_until = max((p.deadline for p in self._pulls.values()), default=now)
+            if open_until <= now:
+                return
+            self._wake.clear()
+            await self._pause(open_until - now)
+            for token in [t for t, p in self._pulls.items() if p.deadline <= time.monotonic()]:
+                del self._pulls[token]
+
     @staticmethod
     async def _unsubscribe(sub: Subscription | None) -> None:
         if sub is not None:
@@ -535,6 +565,7 @@ class ReactorWorker:
     async def _pull_loop(self) -> None:
         nc = self.store.nc
         threshold = max(1, self.concurrency // 2)
+        backoff = Backoff(f"reactor {self.reactor.name}: pull request", log, first_s=0.1, cap_s=5.0)
         while not self._stopping:
             if self._failure is not None:
                 raise self._failure
@@ -563,15 +594,18 @@ class ReactorWorker:
                         json.dumps(request).encode(),
                         reply=f"{self._inbox}.{token}",
                     )
-                except NatsError as exc:  # disconnected: nats-py reconnects; try again shortly
-                    log.warning("reactor %s: pull request failed (%s); retrying", self.reactor.name, exc)
+                    backoff.succeeded()
+                except NatsError as exc:  # disconnected: nats-py reconnects; try again after a growing pause
                     del self._pulls[token]
-                    await asyncio.sleep(0.2)
+                    await self._pause(backoff.failed(exc))
                 continue
-            try:
-                await asyncio.wait_for(self._wake.wait(), timeout=1.0)
-            except asyncio.TimeoutError:
-                pass
+            await self._pause(1.0)
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep up to ``seconds``, or until woken (a message, a finished task, ``stop()``)."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):  # unlike wait_for, never swallows a cancellation
+                await self._wake.wait()
 
     async def _idle(self) -> bool:
         info = await self._api(f"CONSUMER.INFO.{self._stream}.{self.reactor.name}")
@@ -620,11 +654,18 @@ class ReactorWorker:
         if not task.cancelled() and task.exception() is not None:
             log.error("reactor %s: unexpected worker error", self.reactor.name, exc_info=task.exception())
 
-    async def _heartbeats(self) -> None:
-        """Send ``+WPI`` for every message whose handling has lasted a third of ack_wait since the last sign of life."""
+    async def _heartbeats(self, ended: asyncio.Event) -> None:
+        """Send ``+WPI`` for every message whose handling has lasted a third of ack_wait since the last sign of life.
+
+        Ends on ``ended``, not only on cancellation (which can be lost, see eventstore.tasks).
+        """
         interval = self.reactor.ack_wait_s / 3
         while True:
-            await asyncio.sleep(interval / 4)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(interval / 4):
+                    await ended.wait()
+            if ended.is_set():
+                return
             now = time.monotonic()
             for reply, (msg, last) in list(self._flights.items()):
                 if now - last >= interval:

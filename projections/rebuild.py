@@ -112,7 +112,8 @@ async def rebuild(
         else:
             ttl = settings.lease_ttl_s
         me = owner or new_owner_id()
-        lease = Lease(kv, lease_key(rm.store_id, projection.name, "rebuild"), me, ttl)
+        lease = Lease(kv, lease_key(rm.store_id, projection.name, "rebuild"), me, ttl,
+                      request_timeout_s=settings.eventstore.request_timeout_s)
         if not await lease.try_acquire():
             raise RebuildError(
                 f"A rebuild of {projection.name!r} is already running ({await lease.holder()}). Wait for it to finish."

@@ -52,6 +52,11 @@ class ProjectionSettings(BaseSettings):
         default=1.0, gt=0, description="Consumer idle heartbeat: how fast a lost server connection is noticed."
     )
     status_interval_s: float = Field(default=2.0, gt=0, description="How often an idle daemon records a heartbeat.")
+    shutdown_timeout_s: float = Field(
+        default=8.0, gt=0,
+        description="How long a stop (SIGINT/SIGTERM) may take to finish batches and release leases before the "
+        "daemon cancels its work; a second signal cancels at once.",
+    )
     stale_after_s: float = Field(
         default=15.0, gt=0, description="status reports a 'running' projection without heartbeat for this long as stale."
     )
