@@ -12,7 +12,7 @@ from aggregates import CommandResult, Repository
 from aggregates.snapshots import SnapshotStore, bucket_name
 from eventstore import EventStore, EventStoreSettings, InvalidArgumentError, ServerUnavailableError
 from tests.conftest import unique_settings
-from tests.support.proxy import AckDropper
+from tests.support.proxy import Proxy
 
 from .domain import Account, AccountState, InsufficientFunds
 
@@ -55,7 +55,7 @@ async def test_command_ids_compare_exactly(store: EventStore) -> None:
 
 
 async def test_after_a_lost_ack_a_retried_command_returns_the_first_run(nats_url: str) -> None:
-    async with AckDropper(nats_url) as proxy:
+    async with Proxy(nats_url) as proxy:
         settings: EventStoreSettings = unique_settings(proxy.url, request_timeout_s=0.5, append_retries=0)
         async with EventStore.connect(settings) as store:
             accounts = Repository(store, Account)

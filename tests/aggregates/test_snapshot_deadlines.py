@@ -11,7 +11,7 @@ from aggregates.snapshots import SnapshotStore
 from eventstore import EventStore
 
 from ..conftest import unique_settings
-from ..unresponsive import Proxy
+from tests.support.proxy import Proxy
 from .domain import AccountState
 
 TIMEOUT_S = 1.0

@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from eventstore import EmbeddedServer, EventStore, EventStoreSettings, ServerUnavailableError, StreamId
 
 from ..conftest import unique_settings
-from ..unresponsive import INFO_LINE, Proxy, SilentServer
+from tests.support.proxy import INFO_LINE, Proxy, SilentServer
 
 TIMEOUT_S = 1.0
 BOUND_S = 2 * TIMEOUT_S + 2  # "about request_timeout_s", with room for a loaded machine

@@ -23,7 +23,7 @@ from eventstore import (
     StreamId,
 )
 from tests.conftest import unique_settings
-from tests.support.proxy import AckDropper
+from tests.support.proxy import Proxy
 
 from .events import ALL, Deposited, Note
 
@@ -39,8 +39,8 @@ async def _connect(settings: EventStoreSettings) -> EventStore:
 
 
 @pytest.fixture
-async def proxy(nats_url: str) -> AsyncIterator[AckDropper]:
-    async with AckDropper(nats_url) as proxy:
+async def proxy(nats_url: str) -> AsyncIterator[Proxy]:
+    async with Proxy(nats_url) as proxy:
         yield proxy
 
 
@@ -120,7 +120,7 @@ async def test_an_any_append_losing_every_race_backs_off_and_ends(nats_url: str)
 
 @pytest.mark.parametrize(("multi", "exact"), PATHS)
 async def test_a_lost_ack_is_resent_and_the_append_stored_once(
-    nats_url: str, proxy: AckDropper, multi: bool, exact: bool
+    nats_url: str, proxy: Proxy, multi: bool, exact: bool
 ) -> None:
     store = await _connect(unique_settings(proxy.url, request_timeout_s=0.5, append_retries=3))
     try:
@@ -137,7 +137,7 @@ async def test_a_lost_ack_is_resent_and_the_append_stored_once(
 
 @pytest.mark.parametrize(("multi", "exact"), PATHS)
 async def test_after_every_ack_was_lost_a_retry_with_the_key_finds_the_first_write(
-    nats_url: str, proxy: AckDropper, multi: bool, exact: bool
+    nats_url: str, proxy: Proxy, multi: bool, exact: bool
 ) -> None:
     settings = unique_settings(proxy.url, request_timeout_s=0.5, append_retries=0)
     store = await _connect(settings)

@@ -12,7 +12,7 @@ import pytest
 
 from eventstore import EmbeddedServer
 from projection_helpers import HERE, ROOT, cli
-from tests.unresponsive import INFO_LINE, SilentServer
+from tests.support.proxy import INFO_LINE, SilentServer
 
 TIMEOUT_S = 1.0
 BOUND_S = 2 * TIMEOUT_S + 4  # the request timeout, plus the interpreter's start-up on a loaded machine
