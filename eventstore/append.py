@@ -8,6 +8,11 @@ How an append is made safe:
   subject since. The appender keeps the last (version, position) of every
   entity it read or wrote, so an append after a load needs no lookup; on a
   miss it looks the entity's last commit up with one direct get.
+* **Back pointers.** Each commit also carries ``Es-Previous``: the positions
+  of the entity's previous commits (up to :data:`~.wire.PREVIOUS_COMMITS`),
+  built from the previous commit's own pointers when the appender knows them
+  (it read or wrote that commit), else just the previous position. Loads walk
+  them (see :mod:`.reading`).
 * **Atomicity.** One append to one entity is one message (see :mod:`.wire`),
   stored whole or not at all. An append spanning several entities is one
   JetStream atomic batch: every entity's commit is stored, or none is.
@@ -62,9 +67,11 @@ from .settings import EventStoreSettings
 from .streams import StreamId
 from .validation import check_entity_append
 from .wire import (
+    PREVIOUS_COMMITS,
     Header,
     check_idempotency_key,
     check_metadata,
+    commit_previous,
     commit_version,
     encode_commit,
     escape_key,
@@ -125,6 +132,7 @@ class _Commit:
     prev_version: int = 0
     prev_position: int = 0
     stored_count: int | None = None  # set when adopting a commit stored by an earlier call
+    previous: tuple[int, ...] | None = None  # the back pointers sent (or stored, when adopted)
     searched_to: int = 0  # the entity's commits up to here hold no earlier write of this append
 
     def encode(self, recorded_at: str, correlation_id: str | None, causation_id: str | None) -> tuple[dict[str, str], bytes]:
@@ -141,6 +149,8 @@ class _Commit:
             idempotency_key=self.key,
         )
         headers[Header.EXPECTED_LAST_SUBJECT_SEQUENCE] = str(self.prev_position)
+        if self.previous is not None:
+            headers[Header.PREVIOUS] = ",".join(map(str, self.previous))
         return headers, body
 
     def result(self, position: int, duplicate: bool) -> AppendResult:
@@ -166,17 +176,23 @@ class Appender:
         self._inbox = inbox
         self._settings = settings
         self._registry = registry
-        self._known: OrderedDict[StreamId, tuple[int, int]] = OrderedDict()
+        # stream -> (version, position, back pointers of the commit at position, when known)
+        self._known: OrderedDict[StreamId, tuple[int, int, tuple[int, ...] | None]] = OrderedDict()
         self._cache_size = cache_size
 
     # -- entity state cache -------------------------------------------------
 
-    def remember(self, stream_id: StreamId, version: int, position: int) -> None:
-        """Note an entity's (version, position) as just read or written, so the next append skips a lookup."""
+    def remember(
+        self, stream_id: StreamId, version: int, position: int, previous: tuple[int, ...] | None = None
+    ) -> None:
+        """Note an entity's (version, position) as just read or written, so the next append skips a lookup;
+        ``previous``: the back pointers of the commit at ``position``, so the next commit's extend them."""
         known = self._known.get(stream_id)
         if known is not None and known[1] > position:
             return
-        self._known[stream_id] = (version, position)
+        if previous is None and known is not None and known[1] == position:
+            previous = known[2]
+        self._known[stream_id] = (version, position, previous)
         self._known.move_to_end(stream_id)
         if len(self._known) > self._cache_size:
             self._known.popitem(last=False)
@@ -203,8 +219,32 @@ class Appender:
             return StreamState(stream_id, 0, 0)
         headers = msgs[0].headers or {}
         state = StreamState(stream_id, commit_version(headers, stream_id), int(headers[Header.SEQUENCE]))
-        self.remember(stream_id, state.version, state.position)
+        self.remember(stream_id, state.version, state.position, commit_previous(headers, stream_id))
         return state
+
+    async def get_at(self, position: int, *, what: str) -> Msg | None:
+        """The message at ``position`` (one direct get by sequence, O(1) on the server), or None if there is none."""
+        (msg,) = await self._inbox.request(
+            f"$JS.API.DIRECT.GET.{self._settings.stream}",
+            json.dumps({"seq": position}).encode(),
+            self._settings.request_timeout_s,
+            what=what,
+        )
+        status = (msg.headers or {}).get(Header.STATUS)
+        if status is None:
+            return msg
+        if status == "404":
+            return None
+        raise ServerUnavailableError(f"{what}: the server answered with status {status}.")
+
+    def back_pointers(self, stream_id: StreamId, prev_position: int) -> tuple[int, ...]:
+        """The ``Es-Previous`` of a commit that follows the entity's commit at ``prev_position`` (0: none)."""
+        if prev_position == 0:
+            return (0,)
+        known = self._known.get(stream_id)
+        if known is not None and known[1] == prev_position and known[2] is not None:
+            return (prev_position, *known[2][: PREVIOUS_COMMITS - 1])
+        return (prev_position,)
 
     async def find_append(self, stream_id: StreamId, idempotency_key: str) -> AppendResult | None:
         """The commit an earlier append with exactly ``idempotency_key`` stored on this entity, if any."""
@@ -225,16 +265,16 @@ class Appender:
         """The entity's first commit from ``from_seq`` on of the append keyed ``escaped_key`` (or whose msg id is
         ``commit_msg_id``), and the last position searched. A search that reads to the end remembers the entity's
         last commit, which spares a retry its lookup."""
-        last, version = from_seq - 1, None
+        last, version, previous = from_seq - 1, None, None
         subject = stream_id.subject(self._settings.subject_prefix)
         async for msgs in self.subject_pages(subject, from_seq, what=f"Searching {stream_id} for an earlier append"):
             for msg in msgs:
                 if _is_commit_of(msg, escaped_key, commit_msg_id):
                     return msg, last
                 headers = msg.headers or {}
-                last, version = int(headers[Header.SEQUENCE]), headers.get(Header.VERSION)
+                last, version, previous = int(headers[Header.SEQUENCE]), headers.get(Header.VERSION), headers
         if version is not None and version.isdigit():
-            self.remember(stream_id, int(version), last)
+            self.remember(stream_id, int(version), last, commit_previous(previous, stream_id))
         return None, last
 
     async def subject_pages(
@@ -282,7 +322,7 @@ class Appender:
             return
         known = self._known.get(request.stream_id)
         if known is not None and (expected is ANY or known[0] == expected):
-            commit.prev_version, commit.prev_position = known
+            commit.prev_version, commit.prev_position = known[0], known[1]
             return
         state = await self.state(request.stream_id)
         if isinstance(expected, int) and state.version != expected:
@@ -343,7 +383,7 @@ class Appender:
                     # Only ANY entities moved: refresh them (unless a search just did) and try again. Losing a
                     # race is contention, not overload: short jittered pauses spread the writers out.
                     for c in commits:
-                        if self._known.get(c.request.stream_id, (0, c.prev_position))[1] == c.prev_position:
+                        if self._known.get(c.request.stream_id, (0, c.prev_position, None))[1] == c.prev_position:
                             self._known.pop(c.request.stream_id, None)
                     races += 1
                     delay = random.uniform(0, min(0.05, 0.001 * 2**races))
@@ -354,8 +394,8 @@ class Appender:
                 else:
                     raise await self._conflict_error(commits) from None
             results = [c.result(p, duplicate) for c, p in zip(commits, positions)]
-            for r in results:
-                self.remember(r.stream_id, r.last_version, r.position)
+            for c, r in zip(commits, results):
+                self.remember(r.stream_id, r.last_version, r.position, c.previous)
             return results
 
     def _check_size(self, commits: list[_Commit], encoded: list[tuple[dict[str, str], bytes]]) -> None:
@@ -375,6 +415,8 @@ class Appender:
         self, commits: list[_Commit], correlation_id: str | None, causation_id: str | None
     ) -> tuple[list[int], bool]:
         recorded_at = utc_now_text()
+        for c in commits:
+            c.previous = self.back_pointers(c.request.stream_id, c.prev_position)
         encoded = [c.encode(recorded_at, correlation_id, causation_id) for c in commits]
         attempts = self._settings.append_retries + 1
         for attempt in range(attempts):
@@ -496,6 +538,7 @@ class Appender:
         headers = msg.headers or {}
         c.stored_count = headers[Header.TYPE].count(",") + 1
         c.prev_version = int(headers[Header.VERSION]) - c.stored_count
+        c.previous = commit_previous(headers, c.request.stream_id)
         return int(headers[Header.SEQUENCE])
 
     async def _exact_conflict(self, commits: list[_Commit]) -> bool:

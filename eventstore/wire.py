@@ -18,6 +18,11 @@ body is exactly the event's JSON. Headers:
 ``Es-Causation-Id``         optional, for every event of the commit
 ``Es-Idempotency-Key``      the caller's idempotency key (escaped, see
                             :func:`escape_key`), when the append had one
+``Es-Previous``             the positions of the entity's previous commits, most
+                            recent first, at most :data:`PREVIOUS_COMMITS` of
+                            them, ending with ``0`` when they reach back to the
+                            entity's start (the first commit has ``0``): the
+                            back pointers a load walks (see :mod:`.reading`)
 ==========================  ====================================================
 
 Header values must reach the reader exactly as written, but nats-py strips
@@ -44,8 +49,10 @@ from .streams import StreamId
 
 __all__ = [
     "Header",
+    "PREVIOUS_COMMITS",
     "check_idempotency_key",
     "check_metadata",
+    "commit_previous",
     "commit_version",
     "decode_commit",
     "encode_commit",
@@ -79,6 +86,12 @@ class Header:
     CORRELATION_ID: Final = "Es-Correlation-Id"
     CAUSATION_ID: Final = "Es-Causation-Id"
     IDEMPOTENCY_KEY: Final = "Es-Idempotency-Key"
+    PREVIOUS: Final = "Es-Previous"
+
+
+PREVIOUS_COMMITS: Final = 8
+"""How many earlier commits' positions a commit's ``Es-Previous`` holds: a load fetches that many commits per
+round trip (at most about 70 header bytes per commit; see the README's "Reading" for the measurements)."""
 
 
 # Printable ASCII but '%' (the escape character) passes through escape_key unchanged, so the
@@ -195,6 +208,38 @@ def commit_version(headers: Mapping[str, str] | None, where: object) -> int:
             "header: it was not written by jetsourcing, so the entity's version is unknown. Keep foreign "
             "messages off the event subjects."
         ) from None
+
+
+def commit_previous(headers: Mapping[str, str] | None, where: object) -> tuple[int, ...] | None:
+    """The positions of the entity's commits before the stored commit with these headers, most recent first,
+    ending with 0 when they reach the entity's start; None for a commit that carries no back pointer (written
+    before ``Es-Previous`` existed, or by another writer).
+
+    ``Es-Previous`` is preferred; else a ``Nats-Expected-Last-Subject-Sequence`` header, which the server
+    verified when it stored the commit, is the one previous position. A malformed pointer (not strictly
+    decreasing positions below the commit's own) raises :class:`EventDecodeError` naming the position and
+    ``where``.
+    """
+    headers = headers or {}
+    text = headers.get(Header.PREVIOUS)
+    if text is None:
+        text = headers.get(Header.EXPECTED_LAST_SUBJECT_SEQUENCE)
+        if text is None:
+            return None
+    position = headers.get(Header.SEQUENCE, "?")
+    try:
+        previous = tuple(int(p) for p in text.split(","))
+    except ValueError:
+        previous = ()
+    bound = int(position) if position.isdigit() else None
+    if not previous or previous[-1] < 0 or any(a <= b for a, b in zip(previous, previous[1:])) or (
+        bound is not None and previous[0] >= bound
+    ):
+        raise EventDecodeError(
+            f"Message at position {position} on {where} has a malformed back pointer {text[:60]!r}: it was not "
+            "written by jetsourcing, or was altered. Keep foreign messages off the event subjects."
+        )
+    return previous
 
 
 def decode_commit(

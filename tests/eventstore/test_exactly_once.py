@@ -282,6 +282,7 @@ def _commit_size(probe: AppendResult) -> int:
         last_version=2, recorded_at=utc_now_text(),
     )
     headers[Header.EXPECTED_LAST_SUBJECT_SEQUENCE] = str(probe.position)
+    headers[Header.PREVIOUS] = f"{probe.position},0"  # the back pointers: the probe, then the entity's start
     return header_block_size(headers) + len(body)
 
 
@@ -326,6 +327,7 @@ async def test_a_commit_around_max_payload_is_stored_whole_or_refused_with_nothi
         last_version=1, recorded_at=utc_now_text(), correlation_id=correlation, idempotency_key=key,
     )
     headers["Nats-Expected-Last-Subject-Sequence"] = "0"
+    headers["Es-Previous"] = "0"  # the first commit's back pointer: the entity's start
     text = "y" * (store.nc.max_payload - header_block_size(headers) - len(body) + over)
     if over > 0:
         with pytest.raises(EventTooLargeError):
