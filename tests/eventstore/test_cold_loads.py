@@ -16,18 +16,9 @@ from nats.aio.msg import Msg
 from eventstore import ANY, NO_STREAM, EntityAppend, EventDecodeError, EventStore, StreamId
 from eventstore.wire import PREVIOUS_COMMITS, Header, encode_commit, utc_now_text
 
+from tests.support.noise import GAP, noise
+
 from .events import Deposited
-
-GAP = 2100  # other messages between two commits: more than a load scans rather than walks
-
-
-async def noise(store: EventStore, count: int = GAP) -> None:
-    """``count`` messages of another entity, published without waiting for each acknowledgement."""
-    subject = StreamId("Noise", uuid.uuid4().hex).subject(store.settings.subject_prefix)
-    js = store.nc.jetstream(publish_async_max_pending=count)
-    acks = [await js.publish_async(subject, b"{}") for _ in range(count)]
-    await asyncio.gather(*acks)
-
 
 async def raw_commit(store: EventStore, stream_id: StreamId, version: int, **extra: str) -> int:
     """Publish one commit as a writer before back pointers did (or with ``extra`` headers); its position."""
