@@ -19,6 +19,22 @@ stream. Then:
   ``command_eps_uncached`` the same with ``cache_size=0`` (a full load each time).
 * ``raw_append_concurrent_eps``: single-event commits with the event store's wire
   headers, published with nats-py ``js.publish_async`` and pipelined.
+
+Cold loads, in a stream of their own (``COLD``) filled in slices of 1,000
+wire-format messages of 20,000 other entities, with commits appended through
+the event store between slices:
+
+* ``cold_load_p50_ms`` / ``cold_load_p99_ms``, keyed by the stream's size:
+  ``Repository.get`` (no cache, no snapshots) of 100 aggregates of 10 commits
+  each spread evenly through the stream when it had that size, measured then.
+  ``cold_load_old20k_*`` loads the ones spread through the first 20,000
+  messages again at the largest size (old, rarely written entities).
+* ``cold_load_raw_p50_ms``: the same commits fetched with plain nats-py
+  (``js.get_msg(direct=True)`` by sequence, all ten pipelined, positions known
+  in advance): the floor of any load.
+* ``load_scan_vs_chain``: ms (median of 5) to fetch the commits of entities of
+  10, 100 and 1,000 commits spread through the largest stream, by a
+  ``next_by_subj`` scan, by walking the back pointers, and as ``read`` chooses.
 """
 
 from __future__ import annotations
@@ -33,7 +49,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
@@ -146,6 +162,105 @@ async def run_commands(
     return commands / (time.perf_counter() - started)
 
 
+async def cold_loads(server_url: str, quick: bool, result: dict[str, Any]) -> None:
+    """The cold-load figures (see the module docs), in a stream of their own."""
+    sizes = [20_000, 100_000 if quick else 1_000_000]
+    loads = 100 if quick else 300
+    slice_size = 1000
+    settings = EventStoreSettings(nats_url=server_url, stream="COLD", subject_prefix="cold")
+    async with EventStore.connect(settings) as store:
+        repo = Repository(store, Account, cache_size=0)
+        js = store.nc.jetstream()
+        prefix = settings.subject_prefix
+        rng = random.Random(11)
+        noise_versions = [0] * 20_000
+        body = Deposited(amount=1).model_dump_json().encode()
+        positions: dict[str, list[int]] = {}
+        written = 0
+
+        def noise(count: int) -> Any:
+            for _ in range(count):
+                n = rng.randrange(len(noise_versions))
+                noise_versions[n] += 1
+                yield commit(StreamId("Noise", f"n{n}").subject(prefix), noise_versions[n], body)
+
+        async def deposit(aggregate_ids: list[str]) -> None:
+            async def one(aggregate_id: str) -> None:
+                result = await store.append(StreamId("Account", aggregate_id), [Deposited(amount=1)])
+                positions.setdefault(aggregate_id, []).append(result.position)
+
+            await asyncio.gather(*(one(a) for a in aggregate_ids))
+
+        async def grow_to(size: int, spread: dict[str, int]) -> None:
+            """Fill up to ``size`` messages; aggregate ids -> commits, appended evenly between the slices."""
+            nonlocal written
+            slices = max(*spread.values(), (size - written) // slice_size)
+            per_slice = (size - written) // slices
+            for s in range(slices):
+                due = [a for a, commits in spread.items() if s % (slices // commits) == 0 and len(positions.get(a, [])) < commits]
+                await deposit(due)
+                count = max(0, per_slice - len(due))
+                await publish_pipelined(store, noise(count), count, "cold fill")
+                written = (await store.info()).last_position
+                if s % 100 == 0:
+                    progress(f"cold stream: {written:,} messages")
+
+        async def timed_loads(aggregate_ids: list[str]) -> list[float]:
+            samples = []
+            for i in range(loads):
+                started = time.perf_counter()
+                account = await repo.get(aggregate_ids[i % len(aggregate_ids)])
+                samples.append((time.perf_counter() - started) * 1000)
+                assert account.version == 10, account
+            return samples
+
+        async def raw_loads(aggregate_ids: list[str]) -> list[float]:
+            samples = []
+            for i in range(loads):
+                started = time.perf_counter()
+                msgs = await asyncio.gather(
+                    *(js.get_msg("COLD", seq=p, direct=True) for p in positions[aggregate_ids[i % len(aggregate_ids)]])
+                )
+                samples.append((time.perf_counter() - started) * 1000)
+                assert len(msgs) == 10
+            return samples
+
+        result["cold_load_p50_ms"], result["cold_load_p99_ms"], result["cold_load_raw_p50_ms"] = {}, {}, {}
+        groups: dict[int, list[str]] = {}
+        for size in sizes:
+            groups[size] = [f"cold{size}-{i}" for i in range(100)]
+            spread = {a: 10 for a in groups[size]}
+            if size == sizes[-1]:  # the long ones of load_scan_vs_chain, spread through the largest stream
+                spread.update({f"long{n}": n for n in (10, 100, 1000)})
+            await grow_to(size, spread)
+            samples = await timed_loads(groups[size])
+            raw = await raw_loads(groups[size])
+            key = str(size)
+            result["cold_load_p50_ms"][key] = round(percentile(samples, 50), 3)
+            result["cold_load_p99_ms"][key] = round(percentile(samples, 99), 3)
+            result["cold_load_raw_p50_ms"][key] = round(percentile(raw, 50), 3)
+            progress(f"cold load at {written:,}: p50 {percentile(samples, 50):.2f} ms, p99 {percentile(samples, 99):.2f} ms, "
+                     f"raw p50 {percentile(raw, 50):.2f} ms")
+        samples = await timed_loads(groups[sizes[0]])
+        result["cold_load_old20k_p50_ms"] = round(percentile(samples, 50), 3)
+        result["cold_load_old20k_p99_ms"] = round(percentile(samples, 99), 3)
+        result["load_scan_vs_chain"] = {}
+        for n in (10, 100, 1000):
+            stream_id = StreamId("Account", f"long{n}")
+            figures = {}
+            hows: tuple[Literal["scan", "chain", "auto"], ...] = ("scan", "chain", "auto")
+            for how in hows:
+                times = []
+                for _ in range(5):
+                    started = time.perf_counter()
+                    commits = await store._reader.commits(stream_id, how=how)
+                    times.append((time.perf_counter() - started) * 1000)
+                    assert len(commits) == n, (how, len(commits))
+                figures[f"{how}_ms"] = round(percentile(times, 50), 3)
+            result["load_scan_vs_chain"][str(n)] = figures
+            progress(f"{n} commits: {figures}")
+
+
 async def main(quick: bool) -> dict[str, Any]:
     sizes = {"10": 100, "1000": 10, "10000": 3}
     loads = {"10": 300, "1000": 60, "10000": 15}
@@ -156,6 +271,7 @@ async def main(quick: bool) -> dict[str, Any]:
         loads = {"10": 100, "1000": 20, "10000": 5}
     result: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="bench-aggregates-") as tmp, EmbeddedServer(tmp) as server:
+        await cold_loads(server.url, quick, result)
         settings = EventStoreSettings(nats_url=server.url, stream="BENCH", subject_prefix="bench")
         async with EventStore.connect(settings) as store:
             plain = Repository(store, Account, cache_size=0)
@@ -200,6 +316,10 @@ async def main(quick: bool) -> dict[str, Any]:
             result["load_snap_p99_ms"]["10000"] / result["load_recent10_p99_ms"], 3
         ),
         "command_eps_over_raw": round(result["command_eps"] / result["raw_append_concurrent_eps"], 3),
+        "command_eps_uncached_over_command_eps": round(result["command_eps_uncached"] / result["command_eps"], 3),
+        "cold_load_p50_largest_over_20000": round(
+            result["cold_load_p50_ms"][max(result["cold_load_p50_ms"], key=int)] / result["cold_load_p50_ms"]["20000"], 3
+        ),
     }
     result["setup"] = {
         "aggregates": sizes,

@@ -222,20 +222,22 @@ class Appender:
         self.remember(stream_id, state.version, state.position, commit_previous(headers, stream_id))
         return state
 
-    async def get_at(self, position: int, *, what: str) -> Msg | None:
-        """The message at ``position`` (one direct get by sequence, O(1) on the server), or None if there is none."""
-        (msg,) = await self._inbox.request(
+    async def get_each(self, positions: list[int], *, what: str) -> list[Msg | None]:
+        """The message at each position (None where there is none): direct gets by sequence, O(1) each on the
+        server, all sent before the first reply is awaited."""
+        msgs = await self._inbox.request_each(
             f"$JS.API.DIRECT.GET.{self._settings.stream}",
-            json.dumps({"seq": position}).encode(),
+            [b'{"seq":%d}' % p for p in positions],
             self._settings.request_timeout_s,
             what=what,
         )
-        status = (msg.headers or {}).get(Header.STATUS)
-        if status is None:
-            return msg
-        if status == "404":
-            return None
-        raise ServerUnavailableError(f"{what}: the server answered with status {status}.")
+        found: list[Msg | None] = []
+        for msg in msgs:
+            status = (msg.headers or {}).get(Header.STATUS)
+            if status is not None and status != "404":
+                raise ServerUnavailableError(f"{what}: the server answered with status {status}.")
+            found.append(None if status else msg)
+        return found
 
     def back_pointers(self, stream_id: StreamId, prev_position: int) -> tuple[int, ...]:
         """The ``Es-Previous`` of a commit that follows the entity's commit at ``prev_position`` (0: none)."""

@@ -22,7 +22,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Sequence
 from typing import Final, Literal
 
@@ -144,7 +143,7 @@ class Reader:
             wanted = [p for p in previous if p >= max(1, from_position)]
             pointing = (walked[-1].headers or {}).get(Header.SEQUENCE)
             if wanted:
-                got = await asyncio.gather(*(self._appender.get_at(p, what=what) for p in wanted))
+                got = await self._appender.get_each(wanted, what=what)
                 for p, msg in zip(wanted, got):
                     if msg is None or (msg.headers or {}).get(Header.SUBJECT) != subject:
                         raise EventDecodeError(
