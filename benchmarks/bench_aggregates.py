@@ -253,7 +253,7 @@ async def cold_loads(server_url: str, quick: bool, result: dict[str, Any]) -> No
                 times = []
                 for _ in range(5):
                     started = time.perf_counter()
-                    commits = await store._reader.commits(stream_id, how=how)
+                    commits = await store._appender.commits(stream_id, how=how)
                     times.append((time.perf_counter() - started) * 1000)
                     assert len(commits) == n, (how, len(commits))
                 figures[f"{how}_ms"] = round(percentile(times, 50), 3)

@@ -11,8 +11,9 @@ How an append is made safe:
 * **Back pointers.** Each commit also carries ``Es-Previous``: the positions
   of the entity's previous commits (up to :data:`~.wire.PREVIOUS_COMMITS`),
   built from the previous commit's own pointers when the appender knows them
-  (it read or wrote that commit), else just the previous position. Loads walk
-  them (see :mod:`.reading`).
+  (it read or wrote that commit), else just the previous position.
+  :meth:`Appender.commits` walks them; it serves loads (see :mod:`.reading`),
+  :meth:`Appender.find_append` and the keyed search of a retried append.
 * **Atomicity.** One append to one entity is one message (see :mod:`.wire`),
   stored whole or not at all. An append spanning several entities is one
   JetStream atomic batch: every entity's commit is stored, or none is.
@@ -45,6 +46,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from typing import Final, Literal
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -53,6 +55,7 @@ from pydantic import BaseModel
 
 from .errors import (
     ConcurrencyError,
+    EventDecodeError,
     EventStoreError,
     EventTooLargeError,
     InvalidArgumentError,
@@ -90,6 +93,12 @@ _BATCH_DUPLICATE_MSG_ID = 10201
 _STREAM_NOT_FOUND = 10059
 _MESSAGE_TOO_LARGE = 10054  # server-side max payload / max msg size refusals
 _STREAM_FULL = 10077  # max_msgs / max_bytes reached with discard new
+# A scan of the stream between from_position and the last commit costs the server about 0.1 us per message;
+# a walk costs a round trip (~0.3 ms) per PREVIOUS_COMMITS commits. So a span this small is always scanned,
+# and so is an entity whose last PREVIOUS_COMMITS commits lie within this many messages each (dense: a scan
+# reads few other messages per commit). load_scan_vs_chain in benchmarks/bench_aggregates.py measures both.
+_SCAN_SPAN: Final = 2000
+_SCAN_SPAN_PER_COMMIT: Final = 256
 # An ANY append that loses races keeps trying for this many times request_timeout_s * (append_retries + 1):
 # every lost race is another writer's progress, so giving up early would fail appends that would succeed.
 _RACE_BUDGET_FACTOR = 10
@@ -265,18 +274,13 @@ class Appender:
         self, stream_id: StreamId, escaped_key: str | None, commit_msg_id: str | None, from_seq: int = 1
     ) -> tuple[Msg | None, int]:
         """The entity's first commit from ``from_seq`` on of the append keyed ``escaped_key`` (or whose msg id is
-        ``commit_msg_id``), and the last position searched. A search that reads to the end remembers the entity's
-        last commit, which spares a retry its lookup."""
-        last, version, previous = from_seq - 1, None, None
-        subject = stream_id.subject(self._settings.subject_prefix)
-        async for msgs in self.subject_pages(subject, from_seq, what=f"Searching {stream_id} for an earlier append"):
-            for msg in msgs:
-                if _is_commit_of(msg, escaped_key, commit_msg_id):
-                    return msg, last
-                headers = msg.headers or {}
-                last, version, previous = int(headers[Header.SEQUENCE]), headers.get(Header.VERSION), headers
-        if version is not None and version.isdigit():
-            self.remember(stream_id, int(version), last, commit_previous(previous, stream_id))
+        ``commit_msg_id``), and the last position searched. Reading the entity remembers its last commit, which
+        spares a retry its lookup."""
+        last = from_seq - 1
+        for msg in await self.commits(stream_id, from_position=from_seq):
+            if _is_commit_of(msg, escaped_key, commit_msg_id):
+                return msg, last
+            last = int((msg.headers or {})[Header.SEQUENCE])
         return None, last
 
     async def subject_pages(
@@ -291,6 +295,88 @@ class Appender:
             if not msgs or (msgs[-1].headers or {}).get(Header.NUM_PENDING, "0") == "0":
                 return
             seq = int((msgs[-1].headers or {})[Header.SEQUENCE]) + 1
+
+    # -- loading an entity ---------------------------------------------------
+
+    async def commits(
+        self,
+        stream_id: StreamId,
+        *,
+        from_position: int = 1,
+        how: Literal["auto", "chain", "scan"] = "auto",
+    ) -> list[Msg]:
+        """The entity's commits from ``from_position`` on, in order, up to its last commit at the call (which is
+        remembered for the next append). See the module docs of :mod:`.reading` for the methods.
+
+        ``how`` picks the method (see the module docs; "auto" scans a short span or a dense entity, as the
+        last commit's back pointers tell, and walks the pointers otherwise).
+        Raises :class:`EventDecodeError` naming the position when a back pointer leads off the entity or the
+        versions of the commits read do not follow each other.
+        """
+        subject = stream_id.subject(self._settings.subject_prefix)
+        what = f"Reading {stream_id}"
+        last = await self.direct_get({"multi_last": [subject], "batch": 1}, what=what)
+        if not last or int((last[0].headers or {})[Header.SEQUENCE]) < from_position:
+            return []
+        newest = last[0]
+        position = int((newest.headers or {})[Header.SEQUENCE])
+        previous = commit_previous(newest.headers, stream_id)
+        dense = (
+            previous is not None
+            and len(previous) == PREVIOUS_COMMITS
+            and position - previous[-1] <= PREVIOUS_COMMITS * _SCAN_SPAN_PER_COMMIT
+        )
+        self.remember(stream_id, commit_version(newest.headers, stream_id), position, previous)
+        if how == "scan" or (how == "auto" and (position - from_position <= _SCAN_SPAN or dense)):
+            return await self._scan(stream_id, subject, from_position, newest)
+        walked = [newest]  # newest first
+        while True:
+            if previous is None:  # a commit written before back pointers: scan what lies below it
+                older = await self._scan(stream_id, subject, from_position, walked[-1])
+                return older[:-1] + self._checked(stream_id, walked[::-1], reaches_start=False)
+            wanted = [p for p in previous if p >= max(1, from_position)]
+            pointing = (walked[-1].headers or {}).get(Header.SEQUENCE)
+            if wanted:
+                got = await self.get_each(wanted, what=what)
+                for p, msg in zip(wanted, got):
+                    if msg is None or (msg.headers or {}).get(Header.SUBJECT) != subject:
+                        raise EventDecodeError(
+                            f"The back pointer of the commit at position {pointing} on {stream_id} leads to position {p}, "
+                            "which holds no commit of that entity: the stream was altered or written by another "
+                            "program. Keep foreign messages off the event subjects."
+                        )
+                    walked.append(msg)
+            if len(wanted) < len(previous):  # reached from_position, or the entity's start (a 0)
+                return self._checked(stream_id, walked[::-1], reaches_start=previous[len(wanted)] == 0)
+            previous = commit_previous(walked[-1].headers, stream_id)
+
+    async def _scan(self, stream_id: StreamId, subject: str, from_position: int, newest: Msg) -> list[Msg]:
+        """The entity's commits from ``from_position`` up to ``newest`` (inclusive), by ``next_by_subj`` batches."""
+        stop = int((newest.headers or {})[Header.SEQUENCE])
+        found: list[Msg] = []
+        async for msgs in self.subject_pages(subject, from_position, what=f"Reading {stream_id}"):
+            for msg in msgs:
+                if int((msg.headers or {})[Header.SEQUENCE]) >= stop:
+                    return [*found, newest]
+                found.append(msg)
+        return [*found, newest]
+
+    @staticmethod
+    def _checked(stream_id: StreamId, msgs: list[Msg], *, reaches_start: bool) -> list[Msg]:
+        """``msgs`` (oldest first) if their versions follow each other, from version 1 when they reach the start."""
+        expected_first = 1 if reaches_start else None
+        for msg in msgs:
+            headers = msg.headers or {}
+            last = commit_version(headers, stream_id)
+            first = last - headers.get(Header.TYPE, "").count(",")
+            if expected_first is not None and first != expected_first:
+                raise EventDecodeError(
+                    f"The commit at position {headers.get(Header.SEQUENCE)} on {stream_id} holds versions {first} to "
+                    f"{last}, but version {expected_first} was due: a back pointer skips or repeats commits (the "
+                    "stream was altered or written by another program)."
+                )
+            expected_first = last + 1
+        return msgs
 
     # -- building commits ---------------------------------------------------
 

@@ -23,28 +23,21 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from typing import Final, Literal
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from .append import Appender
 from .consumer import OrderedPull, StoredMsg
-from .errors import EventDecodeError, map_nats_error
+from .errors import map_nats_error
 from .events import RecordedEvent
 from .registry import TypeRegistry
 from .settings import EventStoreSettings
 from .streams import StreamId, filter_subjects
-from .wire import PREVIOUS_COMMITS, Header, commit_previous, commit_version, decode_commit
+from .wire import Header, decode_commit
 
 __all__ = ["Reader"]
 
-# A scan of the stream between from_position and the last commit costs the server about 0.1 us per message;
-# a walk costs a round trip (~0.3 ms) per PREVIOUS_COMMITS commits. So a span this small is always scanned,
-# and so is an entity whose last PREVIOUS_COMMITS commits lie within this many messages each (dense: a scan
-# reads few other messages per commit). load_scan_vs_chain in benchmarks/bench_aggregates.py measures both.
-_SCAN_SPAN: Final = 2000
-_SCAN_SPAN_PER_COMMIT: Final = 256
 
 
 class Reader:
@@ -92,97 +85,15 @@ class Reader:
             if events:
                 self._appender.remember(stream_id, events[-1].version, events[-1].position)
         else:
-            msgs = await self.commits(stream_id, from_position=from_position)
+            msgs = await self._appender.commits(stream_id, from_position=from_position)
             for msg in msgs:
                 headers = msg.headers or {}
                 events.extend(decode_commit(stream_id, int(headers[Header.SEQUENCE]), headers, msg.data, self._registry))
-            if msgs:
-                last = msgs[-1].headers or {}
-                self._appender.remember(
-                    stream_id, events[-1].version, events[-1].position, commit_previous(last, stream_id)
-                )
+            # (commits() remembered the entity's last commit for the next append)
         if from_version > 1 or to_version is not None:
             high = to_version if to_version is not None else events[-1].version if events else 0
             events = [e for e in events if from_version <= e.version <= high]
         return events
-
-    async def commits(
-        self,
-        stream_id: StreamId,
-        *,
-        from_position: int = 1,
-        how: Literal["auto", "chain", "scan"] = "auto",
-    ) -> list[Msg]:
-        """The entity's commits from ``from_position`` on, in order, up to its last commit at the call.
-
-        ``how`` picks the method (see the module docs; "auto" scans a short span or a dense entity, as the
-        last commit's back pointers tell, and walks the pointers otherwise).
-        Raises :class:`EventDecodeError` naming the position when a back pointer leads off the entity or the
-        versions of the commits read do not follow each other.
-        """
-        subject = stream_id.subject(self._prefix)
-        what = f"Reading {stream_id}"
-        last = await self._appender.direct_get({"multi_last": [subject], "batch": 1}, what=what)
-        if not last or int((last[0].headers or {})[Header.SEQUENCE]) < from_position:
-            return []
-        newest = last[0]
-        position = int((newest.headers or {})[Header.SEQUENCE])
-        previous = commit_previous(newest.headers, stream_id)
-        dense = (
-            previous is not None
-            and len(previous) == PREVIOUS_COMMITS
-            and position - previous[-1] <= PREVIOUS_COMMITS * _SCAN_SPAN_PER_COMMIT
-        )
-        if how == "scan" or (how == "auto" and (position - from_position <= _SCAN_SPAN or dense)):
-            return await self._scan(stream_id, subject, from_position, newest)
-        walked = [newest]  # newest first
-        while True:
-            if previous is None:  # a commit written before back pointers: scan what lies below it
-                older = await self._scan(stream_id, subject, from_position, walked[-1])
-                return self._checked(stream_id, older[:-1] + walked[::-1], reaches_start=from_position <= 1)
-            wanted = [p for p in previous if p >= max(1, from_position)]
-            pointing = (walked[-1].headers or {}).get(Header.SEQUENCE)
-            if wanted:
-                got = await self._appender.get_each(wanted, what=what)
-                for p, msg in zip(wanted, got):
-                    if msg is None or (msg.headers or {}).get(Header.SUBJECT) != subject:
-                        raise EventDecodeError(
-                            f"The back pointer of the commit at position {pointing} on {stream_id} leads to position {p}, "
-                            "which holds no commit of that entity: the stream was altered or written by another "
-                            "program. Keep foreign messages off the event subjects."
-                        )
-                    walked.append(msg)
-            if len(wanted) < len(previous):  # reached from_position, or the entity's start (a 0)
-                return self._checked(stream_id, walked[::-1], reaches_start=previous[len(wanted)] == 0)
-            previous = commit_previous(walked[-1].headers, stream_id)
-
-    async def _scan(self, stream_id: StreamId, subject: str, from_position: int, newest: Msg) -> list[Msg]:
-        """The entity's commits from ``from_position`` up to ``newest`` (inclusive), by ``next_by_subj`` batches."""
-        stop = int((newest.headers or {})[Header.SEQUENCE])
-        found: list[Msg] = []
-        async for msgs in self._appender.subject_pages(subject, from_position, what=f"Reading {stream_id}"):
-            for msg in msgs:
-                if int((msg.headers or {})[Header.SEQUENCE]) >= stop:
-                    return [*found, newest]
-                found.append(msg)
-        return [*found, newest]
-
-    @staticmethod
-    def _checked(stream_id: StreamId, msgs: list[Msg], *, reaches_start: bool) -> list[Msg]:
-        """``msgs`` (oldest first) if their versions follow each other, from version 1 when they reach the start."""
-        expected_first = 1 if reaches_start else None
-        for msg in msgs:
-            headers = msg.headers or {}
-            last = commit_version(headers, stream_id)
-            first = last - headers.get(Header.TYPE, "").count(",")
-            if expected_first is not None and first != expected_first:
-                raise EventDecodeError(
-                    f"The commit at position {headers.get(Header.SEQUENCE)} on {stream_id} holds versions {first} to "
-                    f"{last}, but version {expected_first} was due: a back pointer skips or repeats commits (the "
-                    "stream was altered or written by another program)."
-                )
-            expected_first = last + 1
-        return msgs
 
     async def read_all(
         self,
