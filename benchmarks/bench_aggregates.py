@@ -16,34 +16,42 @@ stream. Then:
   above make nats-server scan many blocks).
 * ``command_eps``: ``Repository.execute`` (load + command + save) across 1,000
   aggregates with 64 concurrent tasks, default repository (cache on);
-  ``command_eps_uncached`` the same with ``cache_size=0`` (a full load each time).
+  ``command_eps_uncached`` the same with ``cache_size=0`` (a full load each time: these
+  aggregates hold 31 to 36 commits by then, so a load fetches that many);
+  ``command_eps_uncached_snap`` the same with ``snapshot_every=10`` too (a load
+  reads the snapshot and the commits after it).
 * ``raw_append_concurrent_eps``: single-event commits with the event store's wire
   headers, published with nats-py ``js.publish_async`` and pipelined.
 
-Cold loads, in a stream of their own (``COLD``) filled in slices of 1,000
-wire-format messages of 20,000 other entities, with commits appended through
-the event store between slices:
+Cold loads, in two streams of their own (``COLD20000`` and ``COLD1000000``;
+100,000 with ``--quick``), each filled in slices of 1,000 wire-format messages
+of 20,000 other entities, with commits appended through the event store
+between the slices:
 
 * ``cold_load_p50_ms`` / ``cold_load_p99_ms``, keyed by the stream's size:
   ``Repository.get`` (no cache, no snapshots) of 100 aggregates of 10 commits
-  each spread evenly through the stream when it had that size, measured then.
-  ``cold_load_old20k_*`` loads the ones spread through the first 20,000
-  messages again at the largest size (old, rarely written entities).
+  each spread evenly through the stream. The streams are measured in 5
+  interleaved rounds; p50 is the median of the rounds' p50s, p99 over all
+  loads. ``cold_load_old20k_*``: aggregates of the big stream whose 10 commits
+  lie in its first 20,000 messages (old, not written since).
 * ``cold_load_raw_p50_ms``: the same commits fetched with plain nats-py
   (``js.get_msg(direct=True)`` by sequence, all ten pipelined, positions known
-  in advance): the floor of any load.
-* ``load_scan_vs_chain``: ms (median of 5) to fetch the commits of entities of
-  10, 100 and 1,000 commits spread through the largest stream, by a
-  ``next_by_subj`` scan, by walking the back pointers, and as ``read`` chooses.
+  in advance), in the same rounds: the floor of any load.
+* ``load_scan_vs_chain``: ms (median of 5 interleaved rounds) to fetch the
+  commits of entities of 10, 100 and 1,000 commits spread through the big
+  stream: by a ``next_by_subj`` scan, by walking the back pointers, and as
+  ``read`` chooses (``auto``).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import random
+import statistics
 import sys
 import tempfile
 import time
@@ -162,103 +170,118 @@ async def run_commands(
     return commands / (time.perf_counter() - started)
 
 
+class ColdStream:
+    """A stream of its own, filled in slices of wire-format messages of 20,000 other entities, with commits
+    appended through the event store between the slices (spread evenly through the stream)."""
+
+    def __init__(self, store: EventStore, seed: int) -> None:
+        self.store = store
+        self.repo = Repository(store, Account, cache_size=0)
+        self.positions: dict[str, list[int]] = {}
+        self.size = 0
+        self._rng = random.Random(seed)
+        self._noise_versions = [0] * 20_000
+        self._body = Deposited(amount=1).model_dump_json().encode()
+
+    def _noise(self, count: int) -> Any:
+        prefix = self.store.settings.subject_prefix
+        for _ in range(count):
+            n = self._rng.randrange(len(self._noise_versions))
+            self._noise_versions[n] += 1
+            yield commit(StreamId("Noise", f"n{n}").subject(prefix), self._noise_versions[n], self._body)
+
+    async def _deposit(self, aggregate_ids: list[str]) -> None:
+        async def one(aggregate_id: str) -> None:
+            result = await self.store.append(StreamId("Account", aggregate_id), [Deposited(amount=1)])
+            self.positions.setdefault(aggregate_id, []).append(result.position)
+
+        await asyncio.gather(*(one(a) for a in aggregate_ids))
+
+    async def grow_to(self, size: int, spread: dict[str, int], slice_size: int = 1000) -> None:
+        """Fill up to about ``size`` messages; ``spread``: aggregate ids -> commits, appended evenly between slices."""
+        slices = max(*spread.values(), (size - self.size) // slice_size)
+        per_slice = (size - self.size) // slices
+        for s in range(slices):
+            due = [a for a, n in spread.items() if s % (slices // n) == 0 and len(self.positions.get(a, [])) < n]
+            await self._deposit(due)
+            count = max(0, per_slice - len(due))
+            await publish_pipelined(self.store, self._noise(count), count, "cold fill")
+            if s % 100 == 0:
+                progress(f"{self.store.settings.stream}: {self.size + (s + 1) * per_slice:,} messages")
+        self.size = (await self.store.info()).last_position
+
+    async def loads(self, aggregate_ids: list[str], count: int) -> list[float]:
+        samples = []
+        for i in range(count):
+            started = time.perf_counter()
+            account = await self.repo.get(aggregate_ids[i % len(aggregate_ids)])
+            samples.append((time.perf_counter() - started) * 1000)
+            assert account.version == 10, account
+        return samples
+
+    async def raw_loads(self, aggregate_ids: list[str], count: int) -> list[float]:
+        """The same commits with plain nats-py: direct gets by sequence, all ten pipelined, positions known."""
+        js = self.store.nc.jetstream()
+        stream = self.store.settings.stream
+        samples = []
+        for i in range(count):
+            started = time.perf_counter()
+            msgs = await asyncio.gather(
+                *(js.get_msg(stream, seq=p, direct=True) for p in self.positions[aggregate_ids[i % len(aggregate_ids)]])
+            )
+            samples.append((time.perf_counter() - started) * 1000)
+            assert len(msgs) == 10
+        return samples
+
+
 async def cold_loads(server_url: str, quick: bool, result: dict[str, Any]) -> None:
-    """The cold-load figures (see the module docs), in a stream of their own."""
-    sizes = [20_000, 100_000 if quick else 1_000_000]
-    loads = 100 if quick else 300
-    slice_size = 1000
-    settings = EventStoreSettings(nats_url=server_url, stream="COLD", subject_prefix="cold")
-    async with EventStore.connect(settings) as store:
-        repo = Repository(store, Account, cache_size=0)
-        js = store.nc.jetstream()
-        prefix = settings.subject_prefix
-        rng = random.Random(11)
-        noise_versions = [0] * 20_000
-        body = Deposited(amount=1).model_dump_json().encode()
-        positions: dict[str, list[int]] = {}
-        written = 0
+    """The cold-load figures (see the module docs): two streams, measured in interleaved rounds."""
+    big = 100_000 if quick else 1_000_000
+    rounds, per_round = 5, 20 if quick else 60
+    streams: dict[int, ColdStream] = {}
+    group = [f"cold-{i}" for i in range(100)]
+    old = [f"old-{i}" for i in range(100)]
+    longs = {f"long{n}": n for n in (10, 100, 1000)}
+    async with contextlib.AsyncExitStack() as stack:
+        for size in (20_000, big):
+            settings = EventStoreSettings(nats_url=server_url, stream=f"COLD{size}", subject_prefix=f"cold{size}")
+            streams[size] = ColdStream(await stack.enter_async_context(EventStore.connect(settings)), seed=size)
+        await streams[20_000].grow_to(20_000, dict.fromkeys(group, 10))
+        await streams[big].grow_to(20_000, dict.fromkeys(old, 10))  # old entities, not written since
+        await streams[big].grow_to(big, {**dict.fromkeys(group, 10), **longs})
+        progress(f"cold streams: {streams[20_000].size:,} and {streams[big].size:,} messages")
 
-        def noise(count: int) -> Any:
-            for _ in range(count):
-                n = rng.randrange(len(noise_versions))
-                noise_versions[n] += 1
-                yield commit(StreamId("Noise", f"n{n}").subject(prefix), noise_versions[n], body)
+        cases = {"20000": (streams[20_000], group), str(big): (streams[big], group), "old20k": (streams[big], old)}
+        round_p50: dict[str, list[float]] = {k: [] for k in cases}
+        raw_p50: dict[str, list[float]] = {k: [] for k in cases}
+        every: dict[str, list[float]] = {k: [] for k in cases}
+        for _ in range(rounds):  # interleaved: each round loads from every stream, so noise hits all alike
+            for key, (stream, ids) in cases.items():
+                samples = await stream.loads(ids, per_round)
+                every[key] += samples
+                round_p50[key].append(percentile(samples, 50))
+                raw_p50[key].append(percentile(await stream.raw_loads(ids, per_round), 50))
+        result["cold_load_p50_ms"] = {k: round(statistics.median(round_p50[k]), 3) for k in ("20000", str(big))}
+        result["cold_load_p99_ms"] = {k: round(percentile(every[k], 99), 3) for k in ("20000", str(big))}
+        result["cold_load_raw_p50_ms"] = {k: round(statistics.median(raw_p50[k]), 3) for k in ("20000", str(big))}
+        result["cold_load_old20k_p50_ms"] = round(statistics.median(round_p50["old20k"]), 3)
+        result["cold_load_old20k_p99_ms"] = round(percentile(every["old20k"], 99), 3)
+        progress(f"cold loads p50 {result['cold_load_p50_ms']}, p99 {result['cold_load_p99_ms']}, "
+                 f"raw p50 {result['cold_load_raw_p50_ms']}, old p50 {result['cold_load_old20k_p50_ms']}")
 
-        async def deposit(aggregate_ids: list[str]) -> None:
-            async def one(aggregate_id: str) -> None:
-                result = await store.append(StreamId("Account", aggregate_id), [Deposited(amount=1)])
-                positions.setdefault(aggregate_id, []).append(result.position)
-
-            await asyncio.gather(*(one(a) for a in aggregate_ids))
-
-        async def grow_to(size: int, spread: dict[str, int]) -> None:
-            """Fill up to ``size`` messages; aggregate ids -> commits, appended evenly between the slices."""
-            nonlocal written
-            slices = max(*spread.values(), (size - written) // slice_size)
-            per_slice = (size - written) // slices
-            for s in range(slices):
-                due = [a for a, commits in spread.items() if s % (slices // commits) == 0 and len(positions.get(a, [])) < commits]
-                await deposit(due)
-                count = max(0, per_slice - len(due))
-                await publish_pipelined(store, noise(count), count, "cold fill")
-                written = (await store.info()).last_position
-                if s % 100 == 0:
-                    progress(f"cold stream: {written:,} messages")
-
-        async def timed_loads(aggregate_ids: list[str]) -> list[float]:
-            samples = []
-            for i in range(loads):
-                started = time.perf_counter()
-                account = await repo.get(aggregate_ids[i % len(aggregate_ids)])
-                samples.append((time.perf_counter() - started) * 1000)
-                assert account.version == 10, account
-            return samples
-
-        async def raw_loads(aggregate_ids: list[str]) -> list[float]:
-            samples = []
-            for i in range(loads):
-                started = time.perf_counter()
-                msgs = await asyncio.gather(
-                    *(js.get_msg("COLD", seq=p, direct=True) for p in positions[aggregate_ids[i % len(aggregate_ids)]])
-                )
-                samples.append((time.perf_counter() - started) * 1000)
-                assert len(msgs) == 10
-            return samples
-
-        result["cold_load_p50_ms"], result["cold_load_p99_ms"], result["cold_load_raw_p50_ms"] = {}, {}, {}
-        groups: dict[int, list[str]] = {}
-        for size in sizes:
-            groups[size] = [f"cold{size}-{i}" for i in range(100)]
-            spread = {a: 10 for a in groups[size]}
-            if size == sizes[-1]:  # the long ones of load_scan_vs_chain, spread through the largest stream
-                spread.update({f"long{n}": n for n in (10, 100, 1000)})
-            await grow_to(size, spread)
-            samples = await timed_loads(groups[size])
-            raw = await raw_loads(groups[size])
-            key = str(size)
-            result["cold_load_p50_ms"][key] = round(percentile(samples, 50), 3)
-            result["cold_load_p99_ms"][key] = round(percentile(samples, 99), 3)
-            result["cold_load_raw_p50_ms"][key] = round(percentile(raw, 50), 3)
-            progress(f"cold load at {written:,}: p50 {percentile(samples, 50):.2f} ms, p99 {percentile(samples, 99):.2f} ms, "
-                     f"raw p50 {percentile(raw, 50):.2f} ms")
-        samples = await timed_loads(groups[sizes[0]])
-        result["cold_load_old20k_p50_ms"] = round(percentile(samples, 50), 3)
-        result["cold_load_old20k_p99_ms"] = round(percentile(samples, 99), 3)
+        hows: tuple[Literal["scan", "chain", "auto"], ...] = ("scan", "chain", "auto")
         result["load_scan_vs_chain"] = {}
-        for n in (10, 100, 1000):
-            stream_id = StreamId("Account", f"long{n}")
-            figures = {}
-            hows: tuple[Literal["scan", "chain", "auto"], ...] = ("scan", "chain", "auto")
-            for how in hows:
-                times = []
-                for _ in range(5):
+        for name, n in longs.items():
+            times: dict[str, list[float]] = {how: [] for how in hows}
+            for _ in range(5):
+                for how in hows:
                     started = time.perf_counter()
-                    commits = await store._appender.commits(stream_id, how=how)
-                    times.append((time.perf_counter() - started) * 1000)
+                    commits = await streams[big].store._appender.commits(StreamId("Account", name), how=how)
+                    times[how].append((time.perf_counter() - started) * 1000)
                     assert len(commits) == n, (how, len(commits))
-                figures[f"{how}_ms"] = round(percentile(times, 50), 3)
+            figures = {f"{how}_ms": round(statistics.median(t), 3) for how, t in times.items()}
             result["load_scan_vs_chain"][str(n)] = figures
-            progress(f"{n} commits: {figures}")
+            progress(f"{n} commits spread through {streams[big].size:,}: {figures}")
 
 
 async def main(quick: bool) -> dict[str, Any]:
@@ -308,8 +331,11 @@ async def main(quick: bool) -> dict[str, Any]:
             progress(f"commands (cache): {result['command_eps']:,}/s")
             result["command_eps_uncached"] = round(await run_commands(plain, command_ids, uncached_commands, 64))
             progress(f"commands (no cache): {result['command_eps_uncached']:,}/s")
+            snapped_commands = Repository(store, Account, cache_size=0, snapshot_every=10)
+            result["command_eps_uncached_snap"] = round(await run_commands(snapped_commands, command_ids, uncached_commands, 64))
+            progress(f"commands (no cache, snapshot_every=10): {result['command_eps_uncached_snap']:,}/s")
             check = await plain.get("c0")
-            assert check.version == 1 + (commands + uncached_commands) // len(command_ids), check
+            assert check.version == 1 + (commands + 2 * uncached_commands) // len(command_ids), check
     result["targets"] = {
         "load_snap_p99_10000_over_load_p99_10": round(result["load_snap_p99_ms"]["10000"] / result["load_p99_ms"]["10"], 3),
         "load_snap_p99_10000_over_load_recent10_p99": round(
@@ -317,9 +343,13 @@ async def main(quick: bool) -> dict[str, Any]:
         ),
         "command_eps_over_raw": round(result["command_eps"] / result["raw_append_concurrent_eps"], 3),
         "command_eps_uncached_over_command_eps": round(result["command_eps_uncached"] / result["command_eps"], 3),
+        "command_eps_uncached_snap_over_command_eps": round(result["command_eps_uncached_snap"] / result["command_eps"], 3),
         "cold_load_p50_largest_over_20000": round(
             result["cold_load_p50_ms"][max(result["cold_load_p50_ms"], key=int)] / result["cold_load_p50_ms"]["20000"], 3
         ),
+        "cold_load_p50_over_raw": {
+            k: round(v / result["cold_load_raw_p50_ms"][k], 3) for k, v in result["cold_load_p50_ms"].items()
+        },
     }
     result["setup"] = {
         "aggregates": sizes,
