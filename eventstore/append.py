@@ -277,7 +277,7 @@ class Appender:
         ``commit_msg_id``), and the last position searched. Reading the entity remembers its last commit, which
         spares a retry its lookup."""
         last = from_seq - 1
-        for msg in await self.commits(stream_id, from_position=from_seq):
+        for msg in await self.commits(stream_id, from_position=from_seq, what=f"Searching {stream_id} for an earlier append"):
             if _is_commit_of(msg, escaped_key, commit_msg_id):
                 return msg, last
             last = int((msg.headers or {})[Header.SEQUENCE])
@@ -304,17 +304,18 @@ class Appender:
         *,
         from_position: int = 1,
         how: Literal["auto", "chain", "scan"] = "auto",
+        what: str | None = None,
     ) -> list[Msg]:
         """The entity's commits from ``from_position`` on, in order, up to its last commit at the call (which is
-        remembered for the next append). See the module docs of :mod:`.reading` for the methods.
+        remembered for the next append), for the operation ``what`` (default "Reading <entity>").
 
-        ``how`` picks the method (see the module docs; "auto" scans a short span or a dense entity, as the
-        last commit's back pointers tell, and walks the pointers otherwise).
+        ``how`` picks the method (see the module docs of :mod:`.reading`): "auto" scans a short span or a dense
+        entity, as the last commit's back pointers tell, and walks the pointers otherwise.
         Raises :class:`EventDecodeError` naming the position when a back pointer leads off the entity or the
         versions of the commits read do not follow each other.
         """
         subject = stream_id.subject(self._settings.subject_prefix)
-        what = f"Reading {stream_id}"
+        what = what or f"Reading {stream_id}"
         last = await self.direct_get({"multi_last": [subject], "batch": 1}, what=what)
         if not last or int((last[0].headers or {})[Header.SEQUENCE]) < from_position:
             return []
@@ -328,11 +329,11 @@ class Appender:
         )
         self.remember(stream_id, commit_version(newest.headers, stream_id), position, previous)
         if how == "scan" or (how == "auto" and (position - from_position <= _SCAN_SPAN or dense)):
-            return await self._scan(stream_id, subject, from_position, newest)
+            return await self._scan(subject, from_position, newest, what)
         walked = [newest]  # newest first
         while True:
             if previous is None:  # a commit written before back pointers: scan what lies below it
-                older = await self._scan(stream_id, subject, from_position, walked[-1])
+                older = await self._scan(subject, from_position, walked[-1], what)
                 return older[:-1] + self._checked(stream_id, walked[::-1], reaches_start=False)
             wanted = [p for p in previous if p >= max(1, from_position)]
             pointing = (walked[-1].headers or {}).get(Header.SEQUENCE)
@@ -350,11 +351,11 @@ class Appender:
                 return self._checked(stream_id, walked[::-1], reaches_start=previous[len(wanted)] == 0)
             previous = commit_previous(walked[-1].headers, stream_id)
 
-    async def _scan(self, stream_id: StreamId, subject: str, from_position: int, newest: Msg) -> list[Msg]:
+    async def _scan(self, subject: str, from_position: int, newest: Msg, what: str) -> list[Msg]:
         """The entity's commits from ``from_position`` up to ``newest`` (inclusive), by ``next_by_subj`` batches."""
         stop = int((newest.headers or {})[Header.SEQUENCE])
         found: list[Msg] = []
-        async for msgs in self.subject_pages(subject, from_position, what=f"Reading {stream_id}"):
+        async for msgs in self.subject_pages(subject, from_position, what=what):
             for msg in msgs:
                 if int((msg.headers or {})[Header.SEQUENCE]) >= stop:
                     return [*found, newest]
