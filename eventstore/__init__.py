@@ -3,8 +3,8 @@
 If you are here to read the code, start with ``store.py`` (the :class:`EventStore`
 facade), then ``append.py`` (optimistic concurrency, idempotency, atomic
 commits), ``wire.py`` (the message layout), ``reading.py`` and ``consumer.py``
-(loading one entity, replaying the stream), ``server.py`` (the embedded
-nats-server), ``security.py`` and ``connection.py`` (credentials, TLS, and the
+(loading one entity, replaying the stream), ``server.py`` and ``cluster.py`` (the embedded
+nats-server, and a cluster of them), ``security.py`` and ``connection.py`` (credentials, TLS, and the
 nats-py connection), ``validation.py`` (the public arguments' checks),
 ``stream_check.py`` (which stream settings keep acknowledged events),
 ``tasks.py`` (stopping background tasks for sure, retry backoff) and
@@ -12,6 +12,7 @@ nats-py connection), ``validation.py`` (the public arguments' checks),
 """
 
 from .append import MAX_ENTITIES_PER_APPEND, EntityAppend
+from .cluster import EmbeddedCluster
 from .consumer import OrderedPull, create_replay_consumer, delete_consumer, delete_consumer_later
 from .errors import (
     AuthenticationError,
@@ -43,6 +44,7 @@ __all__ = [
     "Backoff",
     "ConcurrencyError",
     "ConnectionSecurity",
+    "EmbeddedCluster",
     "EmbeddedServer",
     "EntityAppend",
     "EntityInfo",

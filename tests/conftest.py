@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from eventstore import EmbeddedServer, EventStore, EventStoreSettings
+from eventstore import EmbeddedCluster, EmbeddedServer, EventStore, EventStoreSettings
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -42,6 +42,22 @@ def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedSe
     server.start()
     yield server
     server.close()
+
+
+@pytest.fixture(scope="session")
+def cluster_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedCluster]:
+    """The session's 3-node cluster, started by the first test that needs it."""
+    cluster = EmbeddedCluster(3, tmp_path_factory.mktemp("cluster"))
+    cluster.start()
+    yield cluster
+    cluster.close()
+
+
+@pytest.fixture
+def cluster(cluster_session: EmbeddedCluster) -> EmbeddedCluster:
+    """The session's 3-node cluster with every node running (tests kill and stop nodes; this brings them back)."""
+    cluster_session.start()
+    return cluster_session
 
 
 @pytest.fixture(scope="session")
