@@ -3,10 +3,41 @@ disk. The workload and its checker are in ``tests/support/workload.py``."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
 
-from eventstore import RecordedEvent, StreamId
-from tests.support.workload import CATEGORY, check_events
+from eventstore import EmbeddedServer, EventStore, EventStoreSettings, RecordedEvent, StreamId
+from projections import Daemon, Outcome, ProjectionSettings
+from tests.support.workload import (
+    CATEGORY,
+    StepCounts,
+    Workload,
+    check,
+    check_events,
+    projection_checkpoint,
+    read_model_equals_rebuild,
+)
+
+
+def make_projection_settings(nats_url: str, database: Path) -> ProjectionSettings:
+    """A stream, subject prefix and lease bucket of the test's own; timeouts short enough to see an outage."""
+    tag = uuid.uuid4().hex[:10]
+    return ProjectionSettings(
+        eventstore=EventStoreSettings(nats_url=nats_url, stream=f"F{tag}", subject_prefix=f"f{tag}", request_timeout_s=1.0),
+        database=database, lease_bucket=f"L{tag}", lease_ttl_s=2.0, status_interval_s=0.2, heartbeat_s=0.5,
+    )
+
+
+async def wait_for(condition: Callable[[], object], timeout_s: float, what: str) -> None:
+    """Poll ``condition`` every 20 ms until it is true; fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout_s}s waiting until {what}"
+        await asyncio.sleep(0.02)
 
 
 def _event(position: int, entity: str, version: int, command: str, part: int, parts: int, entities: list[str]) -> RecordedEvent:
@@ -28,3 +59,48 @@ def test_the_checker_finds_partial_commands_duplicates_and_gaps() -> None:
     assert check_events(twice)[0].duplicated >= 2
     gap = whole + [_event(2, "a", 4, "c3", 0, 1, ["a"])]
     assert check_events(gap)[0].gaps == 1
+
+
+async def test_sigkill_of_the_server_under_32_writers_loses_nothing_and_halves_nothing(tmp_path: Path) -> None:
+    server = EmbeddedServer(tmp_path / "nats").start()
+    try:
+        settings = make_projection_settings(server.url, tmp_path / "rm.sqlite3")
+        store = await EventStore.connect(settings.eventstore)
+        daemon = Daemon([StepCounts()], settings)  # its own connection: it lives through the outage too
+        following = asyncio.create_task(daemon.run())
+        workload = Workload(store, entities=500, writers=32, seed=11)
+        try:
+            workload.start()
+            await asyncio.sleep(2.0)
+            assert len(workload.ledger.acked) > 100, workload.ledger.errors
+            server.kill()
+            killed = time.monotonic()
+            await asyncio.sleep(2.0)
+            failed_during_outage = sum(workload.ledger.errors.values())
+            server.start()
+            back = time.monotonic()
+            acked_while_down = [a for a in workload.ledger.acked_at.values() if killed + 0.5 <= a < back]
+            assert not acked_while_down, "acknowledged while the server was down"
+            # Every kind of command goes through once the server is back, the command helper included.
+            await wait_for(lambda: set(workload.ledger.acked_after(back)) == set(workload.kinds), 15, "writes resume")
+            await asyncio.sleep(1.0)
+            await workload.stop()
+        finally:
+            await workload.stop()
+            ledger = workload.ledger
+        assert failed_during_outage > 0, "the writers saw no error while the server was down"
+        report = await check(store, ledger)
+        report.assert_clean()
+        assert report.errors_by_type.get("ServerUnavailableError", 0) > 0
+        for message in ledger.error_samples["ServerUnavailableError"]:
+            assert f"{CATEGORY}/" in message, message  # names the entity the call was about
+        assert report.unresolved == 0
+
+        last = await store.last_position()
+        await wait_for(lambda: projection_checkpoint(settings) == last, 30, "the daemon catches up")
+        daemon.stop()
+        assert await following == {StepCounts.name: Outcome.STOPPED}
+        await read_model_equals_rebuild(settings, store, tmp_path / "clean.sqlite3")
+        await store.close()
+    finally:
+        server.close()

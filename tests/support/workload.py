@@ -33,13 +33,14 @@ import random
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel
 
 from aggregates import Aggregate, DomainEvent, Repository, RetryPolicy, applies
 from eventstore import ANY, EntityAppend, EventStore, RecordedEvent, StreamId
-from projections import Projection, Table, Transaction, handles
+from projections import Daemon, Outcome, Projection, ProjectionSettings, SqliteStore, Table, Transaction, handles
 
 __all__ = [
     "CATEGORY",
@@ -53,6 +54,9 @@ __all__ = [
     "Workload",
     "check",
     "check_events",
+    "projection_checkpoint",
+    "read_model_equals_rebuild",
+    "read_workload_events",
 ]
 
 CATEGORY = "Wk"
@@ -125,26 +129,28 @@ class Command:
 
 @dataclass
 class Ledger:
-    """What the writers saw: every command sent, the acknowledged ones with (position, last version) per entity,
-    and every error by type. ``ack_times``: when each acknowledgement arrived (``time.monotonic()``)."""
+    """What the writers saw: every command sent, the acknowledged ones with (position, last version) per entity
+    and when the acknowledgement arrived (``time.monotonic()``), and every error by type (with a few messages)."""
 
     sent: dict[str, Command] = field(default_factory=dict)
     acked: dict[str, dict[str, tuple[int, int]]] = field(default_factory=dict)
+    acked_at: dict[str, float] = field(default_factory=dict)
     errors: Counter[str] = field(default_factory=Counter)
-    error_samples: dict[str, str] = field(default_factory=dict)
-    ack_times: list[float] = field(default_factory=list)
+    error_samples: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
 
     def error(self, exc: BaseException) -> None:
         name = type(exc).__name__
         self.errors[name] += 1
-        self.error_samples.setdefault(name, str(exc)[:300])
+        if len(self.error_samples[name]) < 5:
+            self.error_samples[name].append(str(exc)[:300])
 
     def first_ack_after(self, t: float) -> float | None:
         """The first acknowledgement at or after ``t`` (monotonic), if any."""
-        return min((a for a in self.ack_times if a >= t), default=None)
+        return min((a for a in self.acked_at.values() if a >= t), default=None)
 
-    def acks_between(self, start: float, end: float) -> int:
-        return sum(start <= a < end for a in self.ack_times)
+    def acked_after(self, t: float) -> Counter[Kind]:
+        """How many commands of each kind were acknowledged at or after ``t`` (monotonic)."""
+        return Counter(self.sent[c].kind for c, a in self.acked_at.items() if a >= t)
 
 
 class Workload:
@@ -221,7 +227,7 @@ class Workload:
                     backoff = min(backoff * 2, self.max_backoff_s)
                     continue
                 self.ledger.acked[command.id] = acked
-                self.ledger.ack_times.append(time.monotonic())
+                self.ledger.acked_at[command.id] = time.monotonic()
                 break
             if self.pause_s:
                 await asyncio.sleep(rng.uniform(0, 2 * self.pause_s))
@@ -333,6 +339,27 @@ def check_events(events: list[RecordedEvent], report: Report | None = None) -> t
     report.stored = len(seen)
     report.stored_events = len(events)
     return report, stored
+
+
+async def read_model_equals_rebuild(settings: ProjectionSettings, es: EventStore, database: Path) -> None:
+    """Assert that :class:`StepCounts`'s read model in ``settings.database`` equals a clean replay of the whole
+    stream into a new database at ``database`` (run in burst mode, the daemon's own code path)."""
+    with SqliteStore(settings.database) as store:
+        followed = store.dump(StepCounts.name)
+    fresh = settings.model_copy(update={"database": database})
+    async with asyncio.timeout(120):
+        outcomes = await Daemon([StepCounts()], fresh, event_store=es).run(until_caught_up=True)
+    assert outcomes == {StepCounts.name: Outcome.CAUGHT_UP}, outcomes
+    with SqliteStore(database) as store:
+        rebuilt = store.dump(StepCounts.name)
+    assert followed == rebuilt
+
+
+def projection_checkpoint(settings: ProjectionSettings, name: str = StepCounts.name) -> int:
+    """The live generation's checkpoint of projection ``name`` (0 before its first run)."""
+    with SqliteStore(settings.database) as store:
+        live = store.live_generation(name)
+        return live.checkpoint if live else 0
 
 
 async def read_workload_events(store: EventStore, timeout_s: float = 60.0) -> list[RecordedEvent]:
