@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator, Sequence
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
+from nats.js.errors import NotFoundError
 
 from .append import Appender
 from .consumer import OrderedPull, StoredMsg
@@ -147,8 +148,23 @@ class Reader:
         return out
 
     async def last_position(self) -> int:
-        """The stream's last position (0 when empty)."""
+        """The stream's last position (0 when empty), as the stream leader knows it; never inside an atomic batch.
+
+        The server applies an atomic batch (``append_many``) one message at a time, and stream info (like consumer
+        delivery) can see a prefix of it: a read cut there would show part of the batch. Its "message get" is
+        isolated from batch commits, so the position of the last message it returns is a batch boundary.
+        """
         timeout_s = self._settings.request_timeout_s
-        with map_nats_error(f"Reading the last position of stream {self._settings.stream!r}", timeout_s):
-            info = await self._nc.jetstream(timeout=timeout_s).stream_info(self._settings.stream)
-        return int(info.state.last_seq or 0)
+        stream = self._settings.stream
+        js = self._nc.jetstream(timeout=timeout_s)
+        with map_nats_error(f"Reading the last position of stream {stream!r}", timeout_s):
+            for _ in range(2):
+                try:
+                    return int((await js.get_last_msg(stream, ">")).seq or 0)
+                except NotFoundError:
+                    # No last message: the stream is empty, or its last message was deleted.
+                    last = int((await js.stream_info(stream)).state.last_seq or 0)
+                    if last == 0:
+                        return 0
+                    # Not empty now: a first write (maybe a batch) landed since, unless the last message is gone.
+        return last

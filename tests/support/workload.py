@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import sys
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -39,7 +40,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from aggregates import Aggregate, DomainEvent, Repository, RetryPolicy, applies
-from eventstore import ANY, EntityAppend, EventStore, RecordedEvent, StreamId
+from eventstore import ANY, EntityAppend, EventStore, EventStoreSettings, RecordedEvent, StreamId
 from projections import Daemon, Outcome, Projection, ProjectionSettings, SqliteStore, Table, Transaction, handles
 
 __all__ = [
@@ -54,6 +55,7 @@ __all__ = [
     "Workload",
     "check",
     "check_events",
+    "client_kill_child_argv",
     "projection_checkpoint",
     "read_model_equals_rebuild",
     "read_workload_events",
@@ -220,7 +222,7 @@ class Workload:
             backoff = 0.02
             while True:
                 try:
-                    acked = await self._run(command)
+                    acked = await self.run_command(command)
                 except Exception as exc:  # counted by type (the checker judges them), then resent with the same id
                     self.ledger.error(exc)
                     await asyncio.sleep(rng.uniform(backoff / 2, backoff))
@@ -244,7 +246,7 @@ class Workload:
         parts = command.parts[entity]
         return [Step(command=command.id, part=p, parts=parts, entities=entities) for p in range(parts)]
 
-    async def _run(self, command: Command) -> dict[str, tuple[int, int]]:
+    async def run_command(self, command: Command) -> dict[str, tuple[int, int]]:
         """Send the command once; (position, last version) per entity as acknowledged."""
         if command.kind == "command":
             (entity, parts), = command.parts.items()
@@ -392,3 +394,36 @@ async def check(store: EventStore, ledger: Ledger) -> Report:
         report.problems.append(f"stored commands nobody sent: {sorted(unknown)[:5]}")
         report.duplicated += len(unknown)
     return report
+
+
+# -- a client killed mid-batch: the child process -------------------------------------------------------------
+
+
+def client_kill_child_argv(nats_url: str, stream: str, subject_prefix: str, acked_file: Path, *, entities: int,
+                           per_batch: int, seed: int) -> list[str]:
+    """argv of a child process that loops ``append_many`` over ``per_batch`` of ``entities`` entities (one or two
+    events each) until killed, appending each acknowledged command id to ``acked_file`` (run it with the
+    repository root on PYTHONPATH)."""
+    return [sys.executable, "-m", "tests.support.workload", nats_url, stream, subject_prefix, str(acked_file),
+            str(entities), str(per_batch), str(seed)]
+
+
+async def _append_many_forever(nats_url: str, stream: str, subject_prefix: str, acked_file: Path, entities: int,
+                               per_batch: int, seed: int) -> None:
+    settings = EventStoreSettings(nats_url=nats_url, stream=stream, subject_prefix=subject_prefix)
+    async with EventStore.connect(settings) as store:
+        workload = Workload(store, entities=entities, writers=0, max_entities=per_batch, seed=seed)
+        rng = random.Random(seed)
+        with open(acked_file, "a", buffering=1) as acked:
+            n = 0
+            while True:
+                n += 1
+                command = Command(f"{workload.tag}-{n}", "entities",
+                                  {e: rng.randint(1, 2) for e in rng.sample(workload.ids, per_batch)})
+                await workload.run_command(command)
+                acked.write(command.id + "\n")
+
+
+if __name__ == "__main__":
+    _url, _stream, _prefix, _file, _entities, _per_batch, _seed = sys.argv[1:]
+    asyncio.run(_append_many_forever(_url, _stream, _prefix, Path(_file), int(_entities), int(_per_batch), int(_seed)))
