@@ -24,6 +24,7 @@ from .errors import (
     InvalidEventError,
     InvalidStreamIdError,
     ServerUnavailableError,
+    StorageError,
     StreamConfigError,
     UnknownEventTypeError,
 )
@@ -65,6 +66,7 @@ __all__ = [
     "Pending",
     "RecordedEvent",
     "ServerUnavailableError",
+    "StorageError",
     "StoreInfo",
     "StreamConfigError",
     "StreamId",

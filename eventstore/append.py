@@ -61,6 +61,7 @@ from .errors import (
     InvalidArgumentError,
     InvalidEventError,
     ServerUnavailableError,
+    StorageError,
     StreamConfigError,
 )
 from .events import ANY, NO_STREAM, AppendResult, ExpectedVersion, StreamState
@@ -90,9 +91,13 @@ MAX_ENTITIES_PER_APPEND = 1000
 
 _WRONG_LAST_SEQUENCE = 10071
 _BATCH_DUPLICATE_MSG_ID = 10201
+_ATOMIC_DISABLED = 10174
+_BATCH_INCOMPLETE = 10176  # the server lost staged messages of the batch (a restart, a failed staging write)
+_BATCH_TOO_MANY_INFLIGHT = 10210
 _STREAM_NOT_FOUND = 10059
 _MESSAGE_TOO_LARGE = 10054  # server-side max payload / max msg size refusals
 _STREAM_FULL = 10077  # max_msgs / max_bytes reached with discard new
+_INSUFFICIENT_RESOURCES = 10023  # the server's JetStream storage limit (max_file_store) is reached
 # A scan of the stream between from_position and the last commit costs the server about 0.1 us per message;
 # a walk costs a round trip (~0.3 ms) per PREVIOUS_COMMITS commits. So a span this small is always scanned,
 # and so is an entity whose last PREVIOUS_COMMITS commits lie within this many messages each (dense: a scan
@@ -528,14 +533,41 @@ class Appender:
                 if attempt + 1 < attempts:
                     await asyncio.sleep(0.05 * 2**attempt * random.uniform(0.5, 1.0))
                     continue  # resend: the msg ids make a resend safe
-                raise ServerUnavailableError(
-                    f"The server did not acknowledge the append to {commits[-1].request.stream_id} after {attempts} "
-                    "tries. It may or may not be stored; retry with the same idempotency key to find out safely."
-                ) from exc
-            return self._parse_ack(reply, commits)
+                raise await self._unacknowledged_error(commits, attempts) from exc
+            return self._parse_ack(reply, commits, resent=attempt > 0)
         raise AssertionError("unreachable")
 
-    def _parse_ack(self, reply: Msg, commits: list[_Commit]) -> tuple[list[int], bool]:
+    async def _unacknowledged_error(self, commits: list[_Commit], attempts: int) -> ServerUnavailableError:
+        """The error of an append no send of which was answered.
+
+        A :class:`StorageError` when the server answers other requests promptly (within half of
+        ``request_timeout_s``), the stream has one replica and the append is not stored: nats-server drops, without
+        an answer, every write to a stream whose storage failed a write (disk full, read-only), until it restarts.
+        (A replicated stream's leader steps down on a write error instead.) Else a :class:`ServerUnavailableError`.
+        """
+        entity = commits[-1].request.stream_id
+        unknown = (
+            f"The server did not acknowledge the append to {entity} after {attempts} tries. It may or may not be "
+            "stored; retry with the same idempotency key to find out safely."
+        )
+        timeout_s = self._settings.request_timeout_s
+        try:
+            async with asyncio.timeout(timeout_s / 2):
+                info = await self._nc.jetstream(timeout=timeout_s).stream_info(self._settings.stream)
+                stored = info.config.num_replicas != 1 or await self._find_stored(commits) is not None
+        except (EventStoreError, NatsError, asyncio.TimeoutError):
+            stored = True  # unknown: the server is not answering either
+        if stored:
+            return ServerUnavailableError(unknown)
+        return StorageError(
+            f"The server answers, but did not store the append to {entity} in {attempts} tries: its storage has most "
+            "likely failed (the disk is full or read-only; its log says \"critical write error\"), and nats-server "
+            "stores nothing more on this stream until it is restarted. Free space or make the disk writable, restart "
+            "the server, then retry with the same idempotency key. The append is not stored so far (a send still "
+            "queued on an overloaded server could yet be); every acknowledged event stays stored."
+        )
+
+    def _parse_ack(self, reply: Msg, commits: list[_Commit], *, resent: bool) -> tuple[list[int], bool]:
         if not reply.data and reply.headers and reply.headers.get(Header.STATUS) == "503":
             raise StreamConfigError(
                 f"No stream stores {commits[-1].subject!r}: create the event store's stream "
@@ -552,21 +584,46 @@ class Appender:
         if code == _BATCH_DUPLICATE_MSG_ID:
             raise _Conflict(duplicate_id=True)
         description = error.get("description", "")
+        # Refused as sent; but after an unanswered send, that earlier send may have been stored.
+        stored = (
+            "This send was refused, but an earlier one went unanswered and may have been stored: retry with the same "
+            "idempotency key to find out safely."
+            if resent
+            else "Nothing was stored."
+        )
+        if code == _INSUFFICIENT_RESOURCES:
+            raise StorageError(
+                f"The server refused the append to {commits[-1].request.stream_id}: JetStream's storage limit is "
+                f"reached ({description}). {stored} Every acknowledged event stays stored. Raise max_file_store in the "
+                "jetstream block of the server's configuration (by default 75% of the disk's free space when the "
+                "server started) or move its store_dir to a bigger disk, and restart the server."
+            )
         if code == _STREAM_NOT_FOUND:
             raise StreamConfigError(f"Stream {self._settings.stream!r} does not exist; create it with EventStore.ensure_stream().")
         if code == _STREAM_FULL:
             raise StreamConfigError(
                 f"Stream {self._settings.stream!r} is full ({description}): it has a max_msgs or max_bytes limit "
-                "with discard policy new. Nothing was stored, and every stored event stays; raise the limit."
+                f"with discard policy new. {stored} Every stored event stays; raise the limit."
             )
         if "maximum" in description or "too large" in description or code == _MESSAGE_TOO_LARGE:
-            raise EventTooLargeError(f"The server refused the append as too large: {description}. Nothing was stored.")
-        if "atomic" in description:
+            raise EventTooLargeError(f"The server refused the append as too large: {description}. {stored}")
+        if code == _BATCH_INCOMPLETE:
+            raise ServerUnavailableError(
+                f"The server refused the atomic append to {commits[-1].request.stream_id} and "
+                f"{len(commits) - 1} other entities as incomplete: it lost part of the batch before the commit (it "
+                f"restarted, or could not stage the batch on its disk). {stored} Retry the append."
+            )
+        if code == _BATCH_TOO_MANY_INFLIGHT:
+            raise ServerUnavailableError(
+                f"The server refused the atomic append to {commits[-1].request.stream_id} and {len(commits) - 1} "
+                f"other entities: too many atomic batches are in flight on the stream. {stored} Retry after a pause."
+            )
+        if code == _ATOMIC_DISABLED or ("atomic" in description and "disabled" in description):
             raise StreamConfigError(
                 f"The server refused an atomic multi-entity append: {description}. The stream needs allow_atomic "
                 "(nats-server 2.12 or newer)."
             )
-        raise EventStoreError(f"The server refused the append (err_code {code}): {description}. Nothing was stored.")
+        raise EventStoreError(f"The server refused the append (err_code {code}): {description}. {stored}")
 
     async def _find_stored(self, commits: list[_Commit]) -> list[int] | None:
         """If this append was already stored (a resend or a retry), the positions of its commits; else None.

@@ -12,7 +12,8 @@ what was wrong and what to do about it::
     ├── UnknownEventTypeError     a stored event's type is not registered
     ├── EventDecodeError          a stored payload does not validate against its model
     ├── ServerUnavailableError    the server cannot be reached or did not answer in time
-    │   └── AuthenticationError   the server rejected the credentials, or TLS failed: retrying cannot help
+    │   ├── AuthenticationError   the server rejected the credentials, or TLS failed: retrying cannot help
+    │   └── StorageError          the server answers but cannot store: its storage is full, at its limit or failing
     └── StreamConfigError         the stream exists with settings unfit for an event store
 
 Backend errors (nats-py exceptions, JetStream ``err_code`` values) are turned
@@ -44,6 +45,7 @@ __all__ = [
     "InvalidEventError",
     "InvalidStreamIdError",
     "ServerUnavailableError",
+    "StorageError",
     "StreamConfigError",
     "UnknownEventTypeError",
     "map_nats_error",
@@ -113,6 +115,16 @@ class AuthenticationError(ServerUnavailableError):
     Unlike other connection failures this is not retried: the same settings
     fail the same way. The message says what to fix (the credential settings,
     ``tls_ca_file``, or a client certificate).
+    """
+
+
+class StorageError(ServerUnavailableError):
+    """The server is up but cannot store appends: JetStream's storage limit is reached, or its disk is full or
+    read-only (a write failed). Every event it acknowledged stays stored.
+
+    Retrying helps only once the server's storage is fixed; the message says what the operator must do (for a
+    failed write, nats-server stores nothing more on the stream until it is restarted). Whether the failed
+    append was stored is said in the message: certain only when no earlier send of it went unanswered.
     """
 
 

@@ -4,19 +4,25 @@ disk. The workload and its checker are in ``tests/support/workload.py``."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
 import subprocess
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from eventstore import EmbeddedServer, EventStore, EventStoreSettings, RecordedEvent, StreamId
+import pytest
+
+from eventstore import EmbeddedServer, EventStore, EventStoreSettings, RecordedEvent, StorageError, StreamId
 from projections import Daemon, Outcome, ProjectionSettings
+from tests.conftest import unique_settings
 from tests.support.workload import (
     CATEGORY,
+    EXPECTED_ERRORS,
+    Step,
     StepCounts,
     Workload,
     check,
@@ -151,3 +157,96 @@ async def test_a_client_killed_in_append_many_over_hundreds_of_entities_never_le
         assert set(acked) <= set(stored), f"acknowledged but not stored: {set(acked) - set(stored)}"
     assert reads > 0
     assert len(stored) >= 10
+
+
+@contextlib.contextmanager
+def small_disk(path: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` (e.g. "16m") mounted at ``path`` for the test, unmounted after it (needs root, as in CI)."""
+    path.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True, text=True)
+    if mounted.returncode != 0:
+        if os.environ.get("CI"):
+            raise AssertionError(f"cannot mount a tmpfs for the disk-full test: {mounted.stderr}")
+        pytest.skip(f"mounting a tmpfs needs root: {mounted.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+def remount(path: Path, options: str) -> None:
+    subprocess.run(["mount", "-o", f"remount,{options}", str(path)], check=True)
+
+
+def fill(path: Path) -> None:
+    """Write zeros to ``path`` until the disk is full."""
+    with open(path, "wb") as filler:
+        with contextlib.suppress(OSError):
+            while True:
+                filler.write(bytes(1 << 16))
+                filler.flush()
+
+
+STORAGE_ERRORS = EXPECTED_ERRORS | {"StorageError"}
+
+
+async def test_a_full_disk_stops_appends_with_a_storage_error_and_a_restart_resumes_them(tmp_path: Path) -> None:
+    with small_disk(tmp_path / "disk", "32m") as disk:
+        server = EmbeddedServer(disk / "nats").start()
+        try:
+            settings = unique_settings(server.url, request_timeout_s=0.5, append_retries=1)
+            store = await EventStore.connect(settings)
+            workload = Workload(store, entities=100, writers=8, seed=3, max_backoff_s=0.2)
+            try:
+                workload.start()
+                await wait_for(lambda: len(workload.ledger.acked) > 50, 10, "the writers append")
+                fill(disk / "filler")
+                await wait_for(lambda: workload.ledger.errors["StorageError"] >= 3, 20, "writers see StorageError")
+                # Space coming back is not enough: nats-server stores nothing more on a stream whose storage
+                # failed a write until it restarts. (A read-only remount is refused while the server has files
+                # open for writing, so a full disk is the write failure tested here.)
+                (disk / "filler").unlink()
+                server.stop()
+                server.start()
+                back = time.monotonic()
+                await wait_for(lambda: set(workload.ledger.acked_after(back)) == set(workload.kinds), 20,
+                               "appends resume after the restart")
+            finally:
+                await workload.stop()
+            report = await check(store, workload.ledger)
+            report.assert_clean(expected_errors=STORAGE_ERRORS)
+            message = workload.ledger.error_samples["StorageError"][0]
+            assert "disk is full or read-only" in message and "restart" in message, message
+            await store.close()
+        finally:
+            server.close()
+
+
+async def test_the_servers_storage_limit_refuses_appends_with_a_storage_error(tmp_path: Path) -> None:
+    # JetStream's limit (max_file_store) defaults to 75% of the disk's free space when the server starts.
+    with small_disk(tmp_path / "disk", "4m") as disk:
+        server = EmbeddedServer(disk / "nats").start()
+        try:
+            store = await EventStore.connect(unique_settings(server.url))
+            store.registry.register(Step)
+            entity = StreamId(CATEGORY, "big")
+            acked = 0
+            with pytest.raises(StorageError) as refused:
+                for n in range(10_000):
+                    events = [Step(command=f"c{n}", part=0, parts=1, entities=["x" * 4000])]
+                    await store.append(entity, events, idempotency_key=f"c{n}")
+                    acked += 1
+            message = str(refused.value)
+            assert "storage limit is reached" in message and "Nothing was stored" in message, message
+            assert "max_file_store" in message
+            assert acked > 100
+            # More room, and a restart (the limit is computed at start): writing resumes; nothing was lost.
+            remount(disk, "size=64m")
+            server.stop()
+            server.start()
+            await store.append(entity, [Step(command="after", part=0, parts=1, entities=["x"])], idempotency_key="after")
+            versions = [e.version for e in await store.read(entity)]
+            assert versions == list(range(1, acked + 2))
+            await store.close()
+        finally:
+            server.close()
