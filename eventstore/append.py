@@ -30,7 +30,9 @@ How an append is made safe:
 * **Every call ends.** Resends after a lost acknowledgement back off
   exponentially with jitter, at most ``append_retries`` of them; an ``ANY``
   append that lost a race retries after a short jittered pause, for at most
-  ``10 * request_timeout_s * (append_retries + 1)``. Then a typed error is raised.
+  ``10 * request_timeout_s * (append_retries + 1)``. Then a typed error is raised. When no send was
+  answered, at most half a ``request_timeout_s`` more asks the server whether it answers at all, to tell a
+  lost server (:class:`ServerUnavailableError`) from one whose disk failed (:class:`StorageError`).
 * **Size.** A commit is checked as sent, header block included, against the
   server's ``max_payload`` before anything is sent: a larger one raises
   :class:`EventTooLargeError` (the server would close the connection on it).
