@@ -1,5 +1,5 @@
 """Unreliable networks for tests, on 127.0.0.1: a proxy that can swallow acknowledgements, go silent or go down,
-and a server that accepts connections and never answers.
+add latency, latency spikes and connection resets, and a server that accepts connections and never answers.
 
 A lost acknowledgement (the append is stored, the client never hears so)::
 
@@ -9,7 +9,11 @@ A lost acknowledgement (the append is stored, the client never hears so)::
 
 A hung server or a black-holed network: :meth:`Proxy.silence`; a stopped
 server: :meth:`Proxy.down`; a server that never says a word:
-:class:`SilentServer`. Client-to-server bytes pass unchanged; server-to-client
+:class:`SilentServer`. A slow or lossy network: :meth:`Proxy.delay` (latency,
+with jitter) and :meth:`Proxy.lose`. TCP never loses or reorders bytes, so a
+lost packet shows as a latency spike (the retransmission: everything behind it
+on the connection waits too), and a long loss as a reset connection; that is
+what :meth:`Proxy.lose` does, each chunk either way independently. Client-to-server bytes pass unchanged; server-to-client
 traffic is framed (``MSG``/``HMSG`` with their payloads, other control lines
 whole) so that a message whose payload is a JetStream publish acknowledgement
 (a JSON object with ``stream`` and ``seq`` and nothing but PubAck fields) can
@@ -21,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import random
 from types import TracebackType
 from urllib.parse import urlsplit
 
@@ -48,17 +53,35 @@ def _is_pub_ack(payload: bytes) -> bool:
 class Proxy:
     """Forwards connections on 127.0.0.1 to ``upstream_url`` until told to drop acks, go silent or go down."""
 
-    def __init__(self, upstream_url: str) -> None:
+    def __init__(self, upstream_url: str, *, seed: int = 0) -> None:
         parts = urlsplit(upstream_url)
         self._upstream = (parts.hostname or "127.0.0.1", parts.port or 4222)
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._writers: set[asyncio.StreamWriter] = set()
         self._to_drop = 0
+        self._rng = random.Random(seed)
         self.dropping_all = False
         self.dropped = 0
         self.silent = False
+        self.latency_s = 0.0
+        self.jitter_s = 0.0
+        self.loss = 0.0
+        self.spike_s = 0.0
+        self.reset_fraction = 0.0
+        self.spikes = 0
+        self.resets = 0
         self.url = ""
+
+    def delay(self, latency_s: float, jitter_s: float = 0.0) -> None:
+        """Deliver every chunk, either way, ``latency_s`` plus up to ``jitter_s`` later (in order; 0: no delay)."""
+        self.latency_s, self.jitter_s = latency_s, jitter_s
+
+    def lose(self, fraction: float, *, spike_s: float = 0.2, reset_fraction: float = 0.0) -> None:
+        """Lose ``fraction`` of the chunks, either way, as TCP shows it: a lost chunk arrives ``spike_s`` late
+        (and holds up those behind it); with ``reset_fraction``, that share of chunks resets their connection
+        instead (both ends see it closed). 0 turns loss off."""
+        self.loss, self.spike_s, self.reset_fraction = fraction, spike_s, reset_fraction
 
     def drop_acks(self, count: int) -> None:
         """Swallow the next ``count`` publish acknowledgements (on any connection)."""
@@ -101,21 +124,36 @@ class Proxy:
         async with asyncio.timeout(5):
             server_r, server_w = await asyncio.open_connection(*self._upstream)
         self._writers.update((client_w, server_w))
-        self._spawn(self._pipe(client_r, server_w))
-        self._spawn(self._frames(server_r, client_w))
+        ends = (client_w, server_w)
+        to_server, to_client = _Link(self, server_w, ends), _Link(self, client_w, ends)
+        self._spawn(to_server.run())
+        self._spawn(to_client.run())
+        self._spawn(self._pipe(client_r, to_server))
+        self._spawn(self._frames(server_r, to_client))
 
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def _due(self, link: _Link) -> float | None:
+        """When a chunk sent now on ``link`` arrives; None: it resets the connection instead."""
+        now = asyncio.get_running_loop().time()
+        due = now + self.latency_s + (self._rng.uniform(0, self.jitter_s) if self.jitter_s else 0.0)
+        if self.loss and self._rng.random() < self.loss:
+            if self._rng.random() < self.reset_fraction / self.loss:
+                self.resets += 1
+                return None
+            self.spikes += 1
+            due += self.spike_s
+        return max(due, link.last_due)  # TCP delivers in order
+
+    async def _pipe(self, reader: asyncio.StreamReader, link: _Link) -> None:
         try:
             while data := await reader.read(65536):
                 if not self.silent:
-                    writer.write(data)
-                    await writer.drain()
+                    await link.send(data)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
-            writer.close()
+            link.close()
 
-    async def _frames(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _frames(self, reader: asyncio.StreamReader, link: _Link) -> None:
         try:
             while True:
                 line = await reader.readuntil(b"\r\n")
@@ -133,12 +171,56 @@ class Proxy:
                         self.dropped += 1
                         continue
                 if not self.silent:
-                    writer.write(frame)
-                    await writer.drain()
+                    await link.send(frame)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
-            writer.close()
+            link.close()
+
+
+class _Link:
+    """One direction of one proxied connection: writes chunks in order, each at its due time, or resets both
+    ends of the connection when the proxy's loss says so."""
+
+    def __init__(self, proxy: Proxy, writer: asyncio.StreamWriter, ends: tuple[asyncio.StreamWriter, ...]) -> None:
+        self._proxy = proxy
+        self._writer = writer
+        self._ends = ends
+        self._queue: asyncio.Queue[tuple[float, bytes] | None] = asyncio.Queue()
+        self._queued = 0  # chunks queued or being written by run(): a direct write would overtake them
+        self.last_due = 0.0
+
+    async def send(self, data: bytes) -> None:
+        due = self._proxy._due(self)
+        if due is None:
+            for end in self._ends:
+                end.transport.abort()
+            raise ConnectionResetError("reset by the proxy")
+        self.last_due = due
+        if due <= asyncio.get_running_loop().time() and not self._queued:
+            self._writer.write(data)  # nothing to delay: as fast as a plain pipe
+            await self._writer.drain()
+        else:
+            self._queued += 1
+            self._queue.put_nowait((due, data))
+
+    def close(self) -> None:
+        self._queue.put_nowait(None)
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while (item := await self._queue.get()) is not None:
+                due, data = item
+                if due > loop.time():
+                    await asyncio.sleep(due - loop.time())
+                self._writer.write(data)
+                self._queued -= 1
+                await self._writer.drain()
+        except ConnectionError:
+            pass
+        finally:
+            self._writer.close()
 
 
 class SilentServer:

@@ -139,6 +139,8 @@ class Ledger:
     acked_at: dict[str, float] = field(default_factory=dict)
     errors: Counter[str] = field(default_factory=Counter)
     error_samples: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+    duplicate_acks: int = 0  # acknowledgements of a resent command that reported the first write (duplicate=True)
+    slowest_call_s: float = 0.0  # the longest single call (success or failure) of any writer
 
     def error(self, exc: BaseException) -> None:
         name = type(exc).__name__
@@ -221,13 +223,16 @@ class Workload:
             self.ledger.sent[command.id] = command
             backoff = 0.02
             while True:
+                started = time.monotonic()
                 try:
                     acked = await self.run_command(command)
                 except Exception as exc:  # counted by type (the checker judges them), then resent with the same id
                     self.ledger.error(exc)
+                    self.ledger.slowest_call_s = max(self.ledger.slowest_call_s, time.monotonic() - started)
                     await asyncio.sleep(rng.uniform(backoff / 2, backoff))
                     backoff = min(backoff * 2, self.max_backoff_s)
                     continue
+                self.ledger.slowest_call_s = max(self.ledger.slowest_call_s, time.monotonic() - started)
                 self.ledger.acked[command.id] = acked
                 self.ledger.acked_at[command.id] = time.monotonic()
                 break
@@ -253,6 +258,7 @@ class Workload:
             result = await self.repository.execute(
                 entity, lambda tally: tally.step(command.id, parts), create=True, command_id=command.id
             )
+            self.ledger.duplicate_acks += result.duplicate
             return {entity: (result.position, result.version)}
         requests = [EntityAppend(StreamId(CATEGORY, e), self._events(command, e), ANY) for e in command.parts]
         if command.kind == "events":
@@ -261,6 +267,7 @@ class Workload:
             )]
         else:
             results = await self.store.append_many(requests, idempotency_key=command.id)
+        self.ledger.duplicate_acks += results[0].duplicate
         return {r.stream_id.entity_id: (r.position, r.last_version) for r in results}
 
 
