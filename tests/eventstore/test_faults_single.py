@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from eventstore import EmbeddedServer, EventStore, EventStoreSettings, RecordedEvent, StorageError, StreamId
+from eventstore import EmbeddedServer, EventStore, EventStoreSettings, RecordedEvent, StorageError, StreamId, stop_task
 from projections import Daemon, Outcome, ProjectionSettings
 from tests.conftest import unique_settings
 from tests.support.workload import (
@@ -76,15 +76,15 @@ def test_the_checker_finds_partial_commands_duplicates_and_gaps() -> None:
 
 async def test_sigkill_of_the_server_under_32_writers_loses_nothing_and_halves_nothing(tmp_path: Path) -> None:
     server = EmbeddedServer(tmp_path / "nats").start()
+    settings = make_projection_settings(server.url, tmp_path / "rm.sqlite3")
+    daemon = Daemon([StepCounts()], settings)  # its own connection: it lives through the outage too
+    following = asyncio.create_task(daemon.run())
     try:
-        settings = make_projection_settings(server.url, tmp_path / "rm.sqlite3")
         store = await EventStore.connect(settings.eventstore)
-        daemon = Daemon([StepCounts()], settings)  # its own connection: it lives through the outage too
-        following = asyncio.create_task(daemon.run())
         workload = Workload(store, entities=500, writers=32, seed=11)
         try:
             workload.start()
-            await asyncio.sleep(2.0)
+            await asyncio.sleep(random.uniform(1.5, 2.5))  # the kill lands anywhere in a command
             assert len(workload.ledger.acked) > 100, workload.ledger.errors
             server.kill()
             killed = time.monotonic()
@@ -97,7 +97,6 @@ async def test_sigkill_of_the_server_under_32_writers_loses_nothing_and_halves_n
             # Every kind of command goes through once the server is back, the command helper included.
             await wait_for(lambda: set(workload.ledger.acked_after(back)) == set(workload.kinds), 15, "writes resume")
             await asyncio.sleep(1.0)
-            await workload.stop()
         finally:
             await workload.stop()
             ledger = workload.ledger
@@ -116,6 +115,9 @@ async def test_sigkill_of_the_server_under_32_writers_loses_nothing_and_halves_n
         await read_model_equals_rebuild(settings, store, tmp_path / "clean.sqlite3")
         await store.close()
     finally:
+        if not following.done():
+            daemon.stop()
+            await stop_task(following, timeout_s=10, grace_s=5)
         server.close()
 
 
