@@ -553,6 +553,8 @@ class Appender:
             "stored; retry with the same idempotency key to find out safely."
         )
         timeout_s = self._settings.request_timeout_s
+        if not self._nc.is_connected:  # reconnecting: the server is lost, not its disk
+            return ServerUnavailableError(unknown)
         try:
             async with asyncio.timeout(timeout_s / 2):
                 info = await self._nc.jetstream(timeout=timeout_s).stream_info(self._settings.stream)
