@@ -59,7 +59,7 @@ async def test_over_a_lossy_network_keyed_appends_are_stored_once_and_every_call
             report = await check(direct, workload.ledger)
         await store.close()
     report.assert_clean()
-    assert report.acked > 50
+    assert report.acked > 20
     assert proxy.resets > 0 and proxy.spikes > 0
     # Sends went unanswered and were resent, or calls failed and were retried with the same key: all stored once.
     assert workload.ledger.duplicate_acks + sum(workload.ledger.errors.values()) > 0

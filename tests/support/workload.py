@@ -32,6 +32,7 @@ import json
 import random
 import sys
 import time
+import uuid
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -188,7 +189,7 @@ class Workload:
         self.kinds = kinds
         self.pause_s = pause_s
         self.max_backoff_s = max_backoff_s
-        self.tag = tag or f"{random.Random(seed).getrandbits(32):08x}"
+        self.tag = tag or uuid.uuid4().hex[:8]  # command ids unique across workloads on one stream
         self.ledger = Ledger()
         self.repository = Repository(store, Tally, retry=RetryPolicy(attempts=200, max_delay_s=0.1))
         store.registry.register(Step)
