@@ -8,6 +8,15 @@ consumer's delivery sequence on every message; after a gap, a missed
 heartbeat, a server restart or a lost connection it deletes the consumer and
 creates a new one starting right after the last message it handed over, so the
 caller sees every message of the range exactly once and in order.
+
+The server applies an atomic batch (``append_many``) one message at a time,
+and a consumer can deliver the part applied so far. So a live read never ends
+a yielded list inside a batch: the messages at its end that belong to a batch
+whose commit (its last message, ``Nats-Batch-Commit``) has not arrived are held
+back until it does, or a later message does (batches are stored contiguously:
+anything after one means it is whole), or, when the commit is on a subject the
+filters leave out, until ``heartbeat_s`` passes without a message (applying a
+batch takes the server milliseconds).
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from .errors import ServerUnavailableError, map_nats_error, server_unavailable
+from .wire import Header
 
 __all__ = ["OrderedPull", "StoredMsg", "create_replay_consumer", "delete_consumer", "delete_consumer_later"]
 
@@ -114,6 +124,19 @@ async def create_replay_consumer(
             delay = min(delay * 2, 1.0)
 
 
+def _split_unfinished_batch(msgs: list[StoredMsg]) -> tuple[list[StoredMsg], list[StoredMsg]]:
+    """``msgs`` up to the end of the last whole atomic batch, and the messages after it of a batch whose commit
+    is not among them (none when the last message is not in a batch, or is its commit)."""
+    headers = msgs[-1][1].headers or {}
+    batch_id = headers.get(Header.BATCH_ID)
+    if batch_id is None or Header.BATCH_COMMIT in headers:
+        return msgs, []
+    cut = len(msgs) - 1
+    while cut > 0 and (msgs[cut - 1][1].headers or {}).get(Header.BATCH_ID) == batch_id:
+        cut -= 1
+    return msgs[:cut], msgs[cut:]
+
+
 class OrderedPull:
     """Yields the messages of ``stream`` from ``start_seq`` on, in sequence order, in batches.
 
@@ -165,6 +188,7 @@ class OrderedPull:
         self._reset = False
         self._last_activity = 0.0
         self._closed = False
+        self._held: list[StoredMsg] = []  # the end of an atomic batch not yet seen whole (live reads)
 
     async def _on_msg(self, msg: Msg) -> None:
         self._last_activity = time.monotonic()
@@ -250,10 +274,12 @@ class OrderedPull:
             await self._create_consumer()
             while True:
                 if self._buffer:
-                    out, self._buffer = self._buffer, []
+                    out, self._buffer = self._held + self._buffer, []
                     if self._stop_seq is not None and out[-1][0] > self._stop_seq:
                         out = [m for m in out if m[0] <= self._stop_seq]
                         self.next_seq = self._stop_seq + 1
+                    if self._live:
+                        out, self._held = _split_unfinished_batch(out)
                     if out:
                         yield out
                     continue
@@ -273,7 +299,9 @@ class OrderedPull:
                         async with asyncio.timeout(self._heartbeat_s):
                             await self._wake.wait()
                     except TimeoutError:
-                        pass
+                        if self._held:  # quiet for heartbeat_s: the batch is whole, its commit filtered out
+                            out, self._held = self._held, []
+                            yield out
         finally:
             await self.close()
 

@@ -11,12 +11,23 @@ import random
 import subprocess
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from eventstore import EmbeddedServer, EventStore, EventStoreSettings, RecordedEvent, StorageError, StreamId, stop_task
+from eventstore import (
+    ANY,
+    EmbeddedServer,
+    EntityAppend,
+    EventStore,
+    EventStoreSettings,
+    RecordedEvent,
+    StorageError,
+    StreamId,
+    stop_task,
+)
 from projections import Daemon, Outcome, ProjectionSettings
 from tests.conftest import unique_settings
 from tests.support.workload import (
@@ -252,3 +263,34 @@ async def test_the_servers_storage_limit_refuses_appends_with_a_storage_error(tm
             await store.close()
         finally:
             server.close()
+
+
+async def test_a_live_subscriber_never_sees_part_of_an_atomic_batch(store: EventStore) -> None:
+    # The server applies a batch one message at a time and a consumer can deliver the part applied so far.
+    store.registry.register(Step)
+    commands, entities = 20, 150
+    ids = [f"e{i:03d}" for i in range(entities)]
+
+    def append_many(n: int) -> Awaitable[object]:
+        step = Step(command=f"c{n}", part=0, parts=1, entities=ids)
+        requests = [EntityAppend(StreamId(CATEGORY, e), [step], ANY) for e in ids]
+        # The batch's commit (its last message) is on another category: a filtered subscriber never sees it.
+        return store.append_many([*requests, EntityAppend(StreamId("Other", "x"), [step], ANY)])
+
+    async def follow(categories: list[str] | None, per_command: int) -> int:
+        seen: Counter[str] = Counter()
+        yields = 0
+        async for batch in store.subscribe(categories=categories, heartbeat_s=0.2):
+            yields += 1
+            seen.update(json.loads(e.payload)["command"] for e in batch)
+            partial = {c: n for c, n in seen.items() if n != per_command}
+            assert not partial, f"after yield {yields} (categories {categories}): {partial} of {per_command}"
+            if len(seen) == commands:
+                return yields
+        raise AssertionError("unreachable")
+
+    async with asyncio.timeout(60):
+        followers = [asyncio.create_task(follow(None, entities + 1)), asyncio.create_task(follow([CATEGORY], entities))]
+        for n in range(commands):
+            await append_many(n)
+        assert all(yields > 0 for yields in await asyncio.gather(*followers))
