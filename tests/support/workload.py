@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
+import subprocess
 import sys
 import time
 import uuid
@@ -57,11 +59,13 @@ __all__ = [
     "check",
     "check_events",
     "client_kill_child_argv",
+    "kill_clients",
     "projection_checkpoint",
     "read_model_equals_rebuild",
     "read_workload_events",
 ]
 
+ROOT = Path(__file__).parent.parent.parent
 CATEGORY = "Wk"
 EXPECTED_ERRORS = frozenset({"ServerUnavailableError", "ConcurrencyError"})
 """The errors a writer may see during an outage or a failover: anything else is a defect."""
@@ -289,6 +293,7 @@ class Report:
     gaps: int = 0
     misreported: int = 0
     errors_by_type: dict[str, int] = field(default_factory=dict)
+    reads: int = 0  # reads checked while writers ran (kill_clients)
     problems: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -430,6 +435,70 @@ async def _append_many_forever(nats_url: str, stream: str, subject_prefix: str, 
                                   {e: rng.randint(1, 2) for e in rng.sample(workload.ids, per_batch)})
                 await workload.run_command(command)
                 acked.write(command.id + "\n")
+
+
+async def kill_clients(
+    store: EventStore,
+    acked_file: Path,
+    *,
+    kills: int,
+    entities: int = 600,
+    per_batch: tuple[int, int] = (200, 400),
+    seed: int = 0,
+    max_wait_s: float = 20.0,
+) -> Report:
+    """SIGKILL ``kills`` child processes (:func:`client_kill_child_argv`), each once it has had two more batches
+    acknowledged, at a random moment after, while a reader checks the stream over and over; then read back.
+
+    The report counts every problem any read (concurrent or final) found: ``partial_commands``, ``duplicated``,
+    ``gaps``; ``lost`` is acknowledged batches not stored; ``acked`` and ``stored`` are from the final read;
+    ``reads`` counts the concurrent reads. Raises AssertionError if a child dies by itself or stalls.
+    """
+    rng = random.Random(seed)
+    settings = store.settings
+    result = Report()
+    stop = asyncio.Event()
+
+    def note(found: Report) -> None:
+        result.partial_commands += found.partial_commands
+        result.duplicated += found.duplicated
+        result.gaps += found.gaps
+        result.problems.extend(found.problems)
+
+    async def read_while_it_runs() -> None:
+        while not stop.is_set():
+            note(check_events(await read_workload_events(store))[0])
+            result.reads += 1
+
+    def acked_count() -> int:
+        return len(acked_file.read_text().split()) if acked_file.exists() else 0
+
+    stored: dict[str, dict[str, tuple[int, int]]] = {}
+    for kill in range(kills):
+        argv = client_kill_child_argv(str(settings.nats_url), settings.stream, settings.subject_prefix, acked_file,
+                                      entities=entities, per_batch=rng.randint(*per_batch), seed=seed * 1000 + kill)
+        child = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.PIPE)
+        stop.clear()
+        reader = asyncio.create_task(read_while_it_runs())
+        try:
+            before = acked_count()
+            deadline = time.monotonic() + max_wait_s
+            while acked_count() < before + 2 and child.poll() is None:
+                assert time.monotonic() < deadline, f"the child appended nothing in {max_wait_s}s"
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(rng.uniform(0.0, 0.3))
+            assert child.poll() is None, child.stderr.read().decode() if child.stderr else "the child died"
+        finally:
+            child.kill()
+            await asyncio.to_thread(child.wait)
+            stop.set()
+            await reader
+        final, stored = check_events(await read_workload_events(store))
+        note(final)
+    acked = set(acked_file.read_text().split()) if acked_file.exists() else set()
+    result.acked, result.stored = len(acked), len(stored)
+    result.lost = len(acked - set(stored))
+    return result
 
 
 if __name__ == "__main__":
