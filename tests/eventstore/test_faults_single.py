@@ -39,6 +39,7 @@ from tests.support.workload import (
     check,
     check_events,
     kill_clients,
+    kill_server,
     projection_checkpoint,
     read_model_equals_rebuild,
 )
@@ -95,12 +96,11 @@ async def test_sigkill_of_the_server_under_32_writers_loses_nothing_and_halves_n
             workload.start()
             await asyncio.sleep(random.uniform(1.5, 2.5))  # the kill lands anywhere in a command
             assert len(workload.ledger.acked) > 20, workload.ledger.errors
-            server.kill()
-            killed = time.monotonic()
-            await asyncio.sleep(2.0)
+            acked_before = len(workload.ledger.acked)
+            outage = await kill_server(server, workload.ledger, down_s=2.0)
+            killed, back = outage["killed"], outage["back"]
             failed_during_outage = sum(workload.ledger.errors.values())
-            server.start()
-            back = time.monotonic()
+            assert len(workload.ledger.acked) > acked_before
             acked_while_down = [a for a in workload.ledger.acked_at.values() if killed + 0.5 <= a < back]
             assert not acked_while_down, "acknowledged while the server was down"
             # Every kind of command goes through once the server is back, the command helper included.

@@ -11,6 +11,10 @@ Used by the single-server and cluster fault tests and by ``benchmarks/faults.py`
     report = await check(store, workload.ledger)
     report.assert_clean()                 # acked stored exactly once, no partial command, no gap, expected errors
 
+Scenarios: :func:`kill_server` (SIGKILL and restart an :class:`~eventstore.EmbeddedServer` under the workload:
+outage and recovery times) and :func:`kill_clients` (client processes SIGKILLed in ``append_many``). The
+:class:`StepCounts` projection and :func:`read_model_equals_rebuild` check a daemon that ran through a fault.
+
 Every command has a unique id, sent as the append's idempotency key (or the ``command_id`` of
 :meth:`aggregates.Repository.execute`), so a writer that gets :class:`~eventstore.ServerUnavailableError`
 resends the same command until it is acknowledged: a resend of a stored command must come back as a duplicate,
@@ -43,7 +47,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from aggregates import Aggregate, DomainEvent, Repository, RetryPolicy, applies
-from eventstore import ANY, EntityAppend, EventStore, EventStoreSettings, RecordedEvent, StreamId
+from eventstore import ANY, EmbeddedServer, EntityAppend, EventStore, EventStoreSettings, RecordedEvent, StreamId
 from projections import Daemon, Outcome, Projection, ProjectionSettings, SqliteStore, Table, Transaction, handles
 
 __all__ = [
@@ -60,6 +64,7 @@ __all__ = [
     "check_events",
     "client_kill_child_argv",
     "kill_clients",
+    "kill_server",
     "projection_checkpoint",
     "read_model_equals_rebuild",
     "read_workload_events",
@@ -375,6 +380,21 @@ def projection_checkpoint(settings: ProjectionSettings, name: str = StepCounts.n
     with SqliteStore(settings.database) as store:
         live = store.live_generation(name)
         return live.checkpoint if live else 0
+
+
+async def kill_server(server: EmbeddedServer, ledger: Ledger, *, down_s: float, resume_timeout_s: float = 30.0) -> dict[str, float]:
+    """SIGKILL ``server`` while writers run, keep it down ``down_s``, restart it on the same storage and wait for the
+    first acknowledgement after. ``outage_s``: from the kill to that acknowledgement (what writers lived through);
+    ``recovery_s``: from the server being back to it. Raises AssertionError if nothing is acknowledged in time."""
+    server.kill()
+    killed = time.monotonic()
+    await asyncio.sleep(down_s)
+    server.start()
+    back = time.monotonic()
+    while (first := ledger.first_ack_after(back)) is None:
+        assert time.monotonic() - back < resume_timeout_s, f"no append acknowledged {resume_timeout_s}s after the restart"
+        await asyncio.sleep(0.01)
+    return {"outage_s": first - killed, "recovery_s": first - back, "killed": killed, "back": back}
 
 
 async def read_workload_events(store: EventStore, timeout_s: float = 60.0) -> list[RecordedEvent]:
