@@ -1,5 +1,6 @@
-"""Fault tests on one embedded nats-server: SIGKILL under load, a client killed mid-batch, a full or read-only
-disk. The workload and its checker are in ``tests/support/workload.py``."""
+"""Fault tests on one embedded nats-server: SIGKILL under load, a client killed mid-batch, readers beside atomic
+batches, a full disk and JetStream's storage limit. The workload, its checker and the scenarios are in
+``tests/support/workload.py``."""
 
 from __future__ import annotations
 
@@ -43,7 +44,6 @@ from tests.support.workload import (
     projection_checkpoint,
     read_model_equals_rebuild,
 )
-
 
 
 def make_projection_settings(nats_url: str, database: Path) -> ProjectionSettings:
