@@ -55,11 +55,11 @@ def make_projection_settings(nats_url: str, database: Path) -> ProjectionSetting
     )
 
 
-async def wait_for(condition: Callable[[], object], timeout_s: float, what: str) -> None:
-    """Poll ``condition`` every 20 ms until it is true; fail after ``timeout_s``."""
+async def wait_for(condition: Callable[[], object], timeout_s: float, what: str | Callable[[], str]) -> None:
+    """Poll ``condition`` every 20 ms until it is true; fail after ``timeout_s`` saying ``what`` (a callable: as it is then)."""
     deadline = time.monotonic() + timeout_s
     while not condition():
-        assert time.monotonic() < deadline, f"timed out after {timeout_s}s waiting until {what}"
+        assert time.monotonic() < deadline, f"timed out after {timeout_s}s waiting until {what() if callable(what) else what}"
         await asyncio.sleep(0.02)
 
 
@@ -182,7 +182,8 @@ async def test_a_full_disk_stops_appends_with_a_storage_error_and_a_restart_resu
                 workload.start()
                 await wait_for(lambda: len(workload.ledger.acked) > 50, 10, "the writers append")
                 fill(disk / "filler")
-                await wait_for(lambda: workload.ledger.errors["StorageError"] >= 3, 20, "writers see StorageError")
+                await wait_for(lambda: workload.ledger.errors["StorageError"] >= 3, 20,
+                               lambda: f"writers see StorageError (acked {len(workload.ledger.acked)}, errors {dict(workload.ledger.errors)})")
                 # Space coming back is not enough: nats-server stores nothing more on a stream whose storage
                 # failed a write until it restarts. (A read-only remount is refused while the server has files
                 # open for writing, so a full disk is the write failure tested here.)
