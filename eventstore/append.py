@@ -92,6 +92,9 @@ MAX_ENTITIES_PER_APPEND = 1000
 """The server refuses atomic batches of more than 1,000 messages (one message per entity)."""
 
 _WRONG_LAST_SEQUENCE = 10071
+# A replicated stream's leader reports a failed expected-last-subject-sequence check with this code (the
+# proposal's pre-check) as well as with 10071; nats-py's key-value code treats both as a conflict too.
+_WRONG_LAST_SEQUENCE_CLUSTERED = 10164
 _BATCH_DUPLICATE_MSG_ID = 10201
 _ATOMIC_DISABLED = 10174
 _BATCH_INCOMPLETE = 10176  # the server lost staged messages of the batch (a restart, a failed staging write)
@@ -109,6 +112,39 @@ _SCAN_SPAN_PER_COMMIT: Final = 256
 # An ANY append that loses races keeps trying for this many times request_timeout_s * (append_retries + 1):
 # every lost race is another writer's progress, so giving up early would fail appends that would succeed.
 _RACE_BUDGET_FACTOR = 10
+
+
+class LeaderWait:
+    """Retries of "no responders" (503) answers within ``timeout_s`` of the first, with jittered backoff.
+
+    A replicated stream has no leader for a few seconds after its leader is
+    lost (an election) or steps down, and JetStream answers nothing for it:
+    the client sees a 503. The answer means nobody received the request, so
+    sending it again is safe.
+    """
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.waited = 0
+        self._since: float | None = None
+        self._step = 0.05
+
+    async def again(self) -> bool:
+        """Wait before the next try and return True, or return False at once when ``timeout_s`` has passed."""
+        now = asyncio.get_running_loop().time()
+        if self._since is None:
+            self._since = now
+        left = self._since + self.timeout_s - now
+        if left <= 0:
+            return False
+        self.waited += 1
+        await asyncio.sleep(min(left, random.uniform(self._step / 2, self._step)))
+        self._step = min(self._step * 2, 1.0)
+        return True
+
+
+def _no_responders(msg: Msg) -> bool:
+    return not msg.data and bool(msg.headers) and (msg.headers or {}).get(Header.STATUS) == "503"
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,15 +250,24 @@ class Appender:
             self._known.popitem(last=False)
 
     async def direct_get(self, payload: dict[str, object], *, what: str) -> list[Msg]:
-        """One direct get batch request for the operation ``what``; returns the data messages (not the status)."""
-        msgs = await self._inbox.request(
-            f"$JS.API.DIRECT.GET.{self._settings.stream}",
-            json.dumps(payload).encode(),
-            self._settings.request_timeout_s,
-            what=what,
-            many=True,
-        )
+        """One direct get batch request for the operation ``what``; returns the data messages (not the status).
+
+        Retried while nobody answers (a replicated stream between leaders), up to ``request_timeout_s``.
+        """
+        wait = LeaderWait(self._settings.request_timeout_s)
+        while True:
+            msgs = await self._inbox.request(
+                f"$JS.API.DIRECT.GET.{self._settings.stream}",
+                json.dumps(payload).encode(),
+                self._settings.request_timeout_s,
+                what=what,
+                many=True,
+            )
+            if not (_no_responders(msgs[-1]) and await wait.again()):
+                break
         status = (msgs[-1].headers or {}).get(Header.STATUS, "")
+        if status == "503":
+            raise await self._no_leader_error(what)
         if status not in ("204", "404"):
             raise ServerUnavailableError(f"{what}: the server answered with status {status}.")
         return msgs[:-1]
@@ -241,15 +286,21 @@ class Appender:
     async def get_each(self, positions: list[int], *, what: str) -> list[Msg | None]:
         """The message at each position (None where there is none): direct gets by sequence, O(1) each on the
         server, all sent before the first reply is awaited."""
-        msgs = await self._inbox.request_each(
-            f"$JS.API.DIRECT.GET.{self._settings.stream}",
-            [b'{"seq":%d}' % p for p in positions],
-            self._settings.request_timeout_s,
-            what=what,
-        )
+        wait = LeaderWait(self._settings.request_timeout_s)
+        while True:
+            msgs = await self._inbox.request_each(
+                f"$JS.API.DIRECT.GET.{self._settings.stream}",
+                [b'{"seq":%d}' % p for p in positions],
+                self._settings.request_timeout_s,
+                what=what,
+            )
+            if not (any(_no_responders(m) for m in msgs) and await wait.again()):
+                break
         found: list[Msg | None] = []
         for msg in msgs:
             status = (msg.headers or {}).get(Header.STATUS)
+            if status == "503":
+                raise await self._no_leader_error(what)
             if status is not None and status != "404":
                 raise ServerUnavailableError(f"{what}: the server answered with status {status}.")
             found.append(None if status else msg)
@@ -515,7 +566,9 @@ class Appender:
             c.previous = self.back_pointers(c.request.stream_id, c.prev_position)
         encoded = [c.encode(recorded_at, correlation_id, causation_id) for c in commits]
         attempts = self._settings.append_retries + 1
-        for attempt in range(attempts):
+        wait = LeaderWait(self._settings.request_timeout_s)
+        attempt = unanswered = 0
+        while True:
             if len(commits) > 1:
                 batch_id = uuid.uuid4().hex  # a batch id per send: the server refuses reused ones; msg ids dedupe
                 for i, (headers, _) in enumerate(encoded, start=1):
@@ -532,12 +585,52 @@ class Appender:
                     what=f"Appending to {commits[-1].request.stream_id}",
                 )
             except (NatsError, ServerUnavailableError) as exc:
-                if attempt + 1 < attempts:
-                    await asyncio.sleep(0.05 * 2**attempt * random.uniform(0.5, 1.0))
+                unanswered += 1
+                if unanswered < attempts:
+                    await asyncio.sleep(0.05 * 2 ** (unanswered - 1) * random.uniform(0.5, 1.0))
+                    attempt += 1
                     continue  # resend: the msg ids make a resend safe
                 raise await self._unacknowledged_error(commits, attempts) from exc
-            return self._parse_ack(reply, commits, resent=attempt > 0)
-        raise AssertionError("unreachable")
+            if _no_responders(reply):
+                # Nobody received it: no leader for the stream just now (an election), or no stream at all.
+                if await wait.again():
+                    attempt += 1
+                    continue
+                raise await self._no_leader_error(f"Appending to {commits[-1].request.stream_id}", unanswered > 0)
+            return self._parse_ack(reply, commits, resent=unanswered > 0)
+
+    async def _no_leader_error(self, what: str, resent: bool = False) -> EventStoreError:
+        """The error of a request nobody answered (503) for ``request_timeout_s``: :class:`StreamConfigError` when
+        the stream does not exist or does not cover this store's subjects, else :class:`ServerUnavailableError`
+        (the stream has no leader: an election, or too few of its servers are up for a quorum)."""
+        stream, prefix = self._settings.stream, self._settings.subject_prefix
+        try:
+            (reply,) = await self._inbox.request(
+                f"$JS.API.STREAM.INFO.{stream}", b"", self._settings.request_timeout_s, what=what
+            )
+            info = json.loads(reply.data) if reply.data else {}
+        except (ServerUnavailableError, ValueError):
+            info = {}
+        code = (info.get("error") or {}).get("err_code")
+        subjects = (info.get("config") or {}).get("subjects")
+        if code == _STREAM_NOT_FOUND:
+            return StreamConfigError(
+                f"{what}: stream {stream!r} does not exist. Create it with EventStore.ensure_stream() "
+                "(EventStore.connect does, unless told not to)."
+            )
+        if subjects is not None and f"{prefix}.>" not in subjects:
+            return StreamConfigError(
+                f"{what}: stream {stream!r} does not store subjects {prefix}.> (its subjects: {subjects}). Check "
+                "subject_prefix and stream, or create the stream with EventStore.ensure_stream()."
+            )
+        stored = (
+            " An earlier send went unanswered and may have been stored: retry with the same idempotency key to find "
+            "out safely." if resent else " Nothing was stored by this call."
+        )
+        return ServerUnavailableError(
+            f"{what}: stream {stream!r} had no leader for {self._settings.request_timeout_s}s (a leader election, or "
+            f"too few of its servers are up for a quorum).{stored} Retry; check the cluster's nodes if it persists."
+        )
 
     async def _unacknowledged_error(self, commits: list[_Commit], attempts: int) -> ServerUnavailableError:
         """The error of an append no send of which was answered.
@@ -572,18 +665,13 @@ class Appender:
         )
 
     def _parse_ack(self, reply: Msg, commits: list[_Commit], *, resent: bool) -> tuple[list[int], bool]:
-        if not reply.data and reply.headers and reply.headers.get(Header.STATUS) == "503":
-            raise StreamConfigError(
-                f"No stream stores {commits[-1].subject!r}: create the event store's stream "
-                f"({self._settings.stream!r}) with EventStore.ensure_stream(), or check subject_prefix."
-            )
         ack = json.loads(reply.data)
         error = ack.get("error")
         if error is None:
             last = int(ack["seq"])
             return [last - len(commits) + 1 + i for i in range(len(commits))], bool(ack.get("duplicate"))
         code = error.get("err_code")
-        if code == _WRONG_LAST_SEQUENCE:
+        if code in (_WRONG_LAST_SEQUENCE, _WRONG_LAST_SEQUENCE_CLUSTERED):
             raise _Conflict
         if code == _BATCH_DUPLICATE_MSG_ID:
             raise _Conflict(duplicate_id=True)
