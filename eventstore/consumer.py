@@ -263,6 +263,30 @@ class OrderedPull:
             return True
         return not self._live and self._pending == 0
 
+    async def _nothing_left(self) -> bool:
+        """Whether no matching message lies between ``next_seq`` and ``stop_seq``, as the stream's leader knows.
+
+        On a replicated stream nats-server places a one-replica consumer on any
+        current peer of the stream, whose copy may lag the leader's: "nothing
+        pending" there does not end a read that must reach ``stop_seq``. A
+        message get (not a direct get) is answered by the leader.
+        """
+        assert self._stop_seq is not None
+        for subject in self._filters or [">"]:
+            body = json.dumps({"seq": self.next_seq, "next_by_subj": subject}).encode()
+            with map_nats_error(self._what, self._api_timeout_s):
+                reply = await self._nc.request(
+                    f"{self._api}.STREAM.MSG.GET.{self._stream}", body, timeout=self._api_timeout_s
+                )
+            answer = json.loads(reply.data)
+            error = answer.get("error")
+            if error is not None and error.get("code") != 404:
+                raise ServerUnavailableError(f"{self._what}: JetStream answered {error.get('description')!r}.")
+            seq = (answer.get("message") or {}).get("seq")
+            if isinstance(seq, int) and seq <= self._stop_seq:
+                return False
+        return True
+
     async def batches(self) -> AsyncIterator[list[StoredMsg]]:
         """Yield lists of (sequence, message) in sequence order until the read is finished."""
         if self._sub is None:
@@ -284,7 +308,9 @@ class OrderedPull:
                         yield out
                     continue
                 if self._finished():
-                    return
+                    if self._stop_seq is None or self.next_seq > self._stop_seq or await self._nothing_left():
+                        return
+                    self._pending = None  # the consumer's replica lags the leader: wait for it to catch up
                 if self._reset or time.monotonic() - self._last_activity > self._heartbeat_s * 3:
                     await self._create_consumer()
                 try:

@@ -15,7 +15,8 @@
   answered by a replica and is not read-after-write coherent on a cluster;
   that is safe before an optimistic append (a stale read only causes a
   conflict and a retry). ``consistent=True`` reads through an ordered
-  consumer on the stream leader instead.
+  consumer instead, up to the entity's last position as the stream leader
+  reports it (the consumer's replica may lag; the read waits for it).
 * :meth:`Reader.read_all` and :meth:`Reader.subscribe` replay the stream in
   order with :class:`~eventstore.consumer.OrderedPull`.
 """
@@ -78,8 +79,16 @@ class Reader:
         subject = stream_id.subject(self._prefix)
         events: list[RecordedEvent] = []
         if consistent:
+            # To the entity's last position as the leader knows it (a message get), not only what the consumer's
+            # replica has: a one-replica consumer may be placed on a lagging one.
+            timeout_s = self._settings.request_timeout_s
+            try:
+                with map_nats_error(f"Reading {stream_id}", timeout_s):
+                    last = await self._nc.jetstream(timeout=timeout_s).get_last_msg(self._settings.stream, subject)
+            except NotFoundError:
+                return []
             pull = OrderedPull(self._nc, self._settings.stream, start_seq=from_position, filter_subjects=[subject],
-                               api_timeout_s=self._settings.request_timeout_s, what=f"Reading {stream_id}")
+                               stop_seq=int(last.seq or 0), api_timeout_s=timeout_s, what=f"Reading {stream_id}")
             async for batch in pull.batches():
                 for seq, msg in batch:
                     events.extend(decode_commit(stream_id, seq, msg.headers, msg.data, self._registry))

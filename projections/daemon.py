@@ -339,7 +339,9 @@ class Daemon:
         try:
             for projection in self.projections:
                 projection.bind(es.registry)
-            kv, ttl = await open_lease_bucket(es.nc, self.settings.lease_bucket, self.settings.lease_ttl_s)
+            kv, ttl = await open_lease_bucket(
+                es.nc, self.settings.lease_bucket, self.settings.lease_ttl_s, replicas=es.settings.replicas
+            )
             runners = [
                 ProjectionRunner(p, es, self.settings, kv, ttl, self._stop, until_caught_up=until_caught_up,
                                  owner=f"{self.owner}:{p.name}")

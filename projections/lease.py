@@ -43,14 +43,18 @@ def new_owner_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-async def open_lease_bucket(nc: NATS, bucket: str, ttl_s: float, timeout_s: float = 5.0) -> tuple[KeyValue, float]:
-    """The lease bucket (created with ``ttl_s`` if missing) and its actual TTL in seconds.
+async def open_lease_bucket(
+    nc: NATS, bucket: str, ttl_s: float, timeout_s: float = 5.0, replicas: int = 1
+) -> tuple[KeyValue, float]:
+    """The lease bucket (created with ``ttl_s`` and ``replicas`` if missing) and its actual TTL in seconds.
 
     An existing bucket keeps its own TTL: every daemon sharing it must agree.
+    ``replicas`` should be the event stream's, so that leases survive what the
+    stream survives (the loss of a node of an R3 cluster).
     """
     js = nc.jetstream(timeout=timeout_s)
     try:
-        kv = await js.create_key_value(KeyValueConfig(bucket=bucket, ttl=ttl_s, history=1))
+        kv = await js.create_key_value(KeyValueConfig(bucket=bucket, ttl=ttl_s, history=1, replicas=replicas))
         return kv, ttl_s
     except BadRequestError as exc:
         if exc.err_code != _STREAM_NAME_IN_USE:

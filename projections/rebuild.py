@@ -108,7 +108,9 @@ async def rebuild(
     try:
         projection.bind(es.registry)
         if kv is None:
-            kv, ttl = await open_lease_bucket(es.nc, settings.lease_bucket, settings.lease_ttl_s)
+            kv, ttl = await open_lease_bucket(
+                es.nc, settings.lease_bucket, settings.lease_ttl_s, replicas=es.settings.replicas
+            )
         else:
             ttl = settings.lease_ttl_s
         me = owner or new_owner_id()

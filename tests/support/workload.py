@@ -408,14 +408,19 @@ async def read_workload_events(store: EventStore, timeout_s: float = 60.0) -> li
 
 async def check(store: EventStore, ledger: Ledger) -> Report:
     """Read the whole workload back and compare it with ``ledger`` (see :class:`Report`)."""
-    report, stored = check_events(await read_workload_events(store))
+    events = await read_workload_events(store)
+    report, stored = check_events(events)
     report.acked = len(ledger.acked)
     report.errors_by_type = dict(ledger.errors)
+    by_position = {e.position: e for e in events}
     for command_id, acked in ledger.acked.items():
         found = stored.get(command_id)
         if found is None or set(found) != set(acked):
             report.lost += 1
-            report.problems.append(f"{command_id}: acknowledged {acked}, stored {found}")
+            there = {p: (by_position[p].stream_id.entity_id, json.loads(by_position[p].payload)["command"])
+                     for p, _ in acked.values() if p in by_position}
+            report.problems.append(f"{command_id} ({ledger.sent[command_id].kind}): acknowledged {acked}, stored "
+                                   f"{found}; at the acknowledged positions: {there}")
         elif found != acked:
             report.misreported += 1
             report.problems.append(f"{command_id}: acknowledged {acked}, stored {found}")
