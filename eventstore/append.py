@@ -96,6 +96,7 @@ _WRONG_LAST_SEQUENCE = 10071
 # proposal's pre-check) as well as with 10071; nats-py's key-value code treats both as a conflict too.
 _WRONG_LAST_SEQUENCE_CLUSTERED = 10164
 _BATCH_DUPLICATE_MSG_ID = 10201
+_DUPLICATE_IN_PROCESS = 10158  # an earlier send of the same msg id is still being replicated (no quorum yet)
 _ATOMIC_DISABLED = 10174
 _BATCH_INCOMPLETE = 10176  # the server lost staged messages of the batch (a restart, a failed staging write)
 _BATCH_TOO_MANY_INFLIGHT = 10210
@@ -704,6 +705,12 @@ class Appender:
                 f"The server refused the atomic append to {commits[-1].request.stream_id} and "
                 f"{len(commits) - 1} other entities as incomplete: it lost part of the batch before the commit (it "
                 f"restarted, or could not stage the batch on its disk). {stored} Retry the append."
+            )
+        if code == _DUPLICATE_IN_PROCESS:
+            raise ServerUnavailableError(
+                f"The append to {commits[-1].request.stream_id} is still being stored by an earlier send: the stream's "
+                "leader has not yet replicated it to a quorum of its servers (too few of them are up, or they are "
+                "slow). It may yet be stored; retry with the same idempotency key to find out safely."
             )
         if code == _BATCH_TOO_MANY_INFLIGHT:
             raise ServerUnavailableError(
