@@ -67,7 +67,7 @@ from .errors import (
     StreamConfigError,
 )
 from .events import ANY, NO_STREAM, AppendResult, ExpectedVersion, StreamState
-from .inbox import Inbox
+from .inbox import TRANSIENT_API_ERRORS, Inbox
 from .registry import TypeRegistry
 from .settings import EventStoreSettings
 from .streams import StreamId
@@ -96,6 +96,7 @@ _WRONG_LAST_SEQUENCE = 10071
 # proposal's pre-check) as well as with 10071; nats-py's key-value code treats both as a conflict too.
 _WRONG_LAST_SEQUENCE_CLUSTERED = 10164
 _BATCH_DUPLICATE_MSG_ID = 10201
+_LAST_SEQUENCE_NOT_READY = 10163  # a new stream leader cannot check expected last subject sequences yet
 _DUPLICATE_IN_PROCESS = 10158  # an earlier send of the same msg id is still being replicated (no quorum yet)
 _ATOMIC_DISABLED = 10174
 _BATCH_INCOMPLETE = 10176  # the server lost staged messages of the batch (a restart, a failed staging write)
@@ -146,6 +147,17 @@ class LeaderWait:
 
 def _no_responders(msg: Msg) -> bool:
     return not msg.data and bool(msg.headers) and (msg.headers or {}).get(Header.STATUS) == "503"
+
+
+def _between_leaders(ack: Msg) -> bool:
+    """Whether a publish's answer means "not now" from a stream without a (settled) leader: nobody answered, or
+    the new leader cannot check expected last subject sequences yet (10163), or JetStream is unavailable."""
+    if _no_responders(ack):
+        return True
+    if b'"error"' not in ack.data:
+        return False
+    code = (json.loads(ack.data).get("error") or {}).get("err_code")
+    return code == _LAST_SEQUENCE_NOT_READY or code in TRANSIENT_API_ERRORS
 
 
 @dataclass(frozen=True, slots=True)
@@ -592,8 +604,8 @@ class Appender:
                     attempt += 1
                     continue  # resend: the msg ids make a resend safe
                 raise await self._unacknowledged_error(commits, attempts) from exc
-            if _no_responders(reply):
-                # Nobody received it: no leader for the stream just now (an election), or no stream at all.
+            if _between_leaders(reply):
+                # Not stored: no leader for the stream just now (an election), or no stream at all.
                 if await wait.again():
                     attempt += 1
                     continue

@@ -12,15 +12,21 @@ the event loop's heap).
 from __future__ import annotations
 
 import asyncio
+import json
+import random
+from typing import Any
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
 
-from .errors import server_unavailable
+from .errors import ServerUnavailableError, server_unavailable
 
-__all__ = ["Inbox"]
+__all__ = ["Inbox", "TRANSIENT_API_ERRORS"]
+
+TRANSIENT_API_ERRORS = frozenset({10008, 10009})
+"""JetStream's "temporarily unavailable" and "cluster can not handle request": answers while it is between leaders."""
 
 
 class Inbox:
@@ -90,6 +96,48 @@ class Inbox:
             raise server_unavailable(what, timeout_s, exc) from exc
         finally:
             del self._pending[token]
+
+    async def api(self, subject: str, body: bytes, timeout_s: float, *, what: str) -> dict[str, Any]:
+        """A JetStream API request and its JSON answer, resent while JetStream is between leaders.
+
+        A clustered JetStream drops API requests until its meta group has a
+        leader, answers nothing (503) for a stream without a leader, and says
+        "temporarily unavailable" (:data:`TRANSIENT_API_ERRORS`) meanwhile: each
+        try waits a quarter of ``timeout_s`` (at least 0.5 s), and tries are
+        repeated with jittered backoff until ``timeout_s`` has passed. Then
+        :class:`ServerUnavailableError` names the operation ``what``. Other
+        errors in the answer are returned, for the caller to judge.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        step = 0.05
+        while True:
+            left = deadline - loop.time()
+            try:
+                (reply,) = await self.request(subject, body, max(0.05, min(left, max(0.5, timeout_s / 4))), what=what)
+            except ServerUnavailableError as exc:
+                if self._nc.is_closed or deadline - loop.time() <= 0.05:
+                    # Said in terms of the whole wait (the try's own timeout was shorter).
+                    raise server_unavailable(what, timeout_s, exc.__cause__ or exc) from exc
+            else:
+                if reply.data:
+                    try:
+                        answer: dict[str, Any] = json.loads(reply.data)
+                    except ValueError as exc:
+                        raise ServerUnavailableError(
+                            f"{what}: the server's answer is not JSON ({exc}). Is this a NATS server with JetStream "
+                            "enabled (-js)?"
+                        ) from exc
+                    if (answer.get("error") or {}).get("err_code") not in TRANSIENT_API_ERRORS:
+                        return answer
+            left = deadline - loop.time()
+            if left <= 0:
+                raise ServerUnavailableError(
+                    f"{what}: JetStream gave no answer within {timeout_s}s (it is electing a leader, or too few of "
+                    "its servers are up for a quorum, or it is not enabled: start the server with -js)."
+                )
+            await asyncio.sleep(min(left, random.uniform(step / 2, step)))
+            step = min(step * 2, 1.0)
 
     async def request_each(self, subject: str, payloads: list[bytes], timeout_s: float, *, what: str) -> list[Msg]:
         """Publish every payload as a request, then wait for each one's reply (pipelined: one round trip for all,

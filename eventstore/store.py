@@ -55,6 +55,7 @@ __all__ = ["EntityInfo", "EventStore", "StoreInfo"]
 log = logging.getLogger("jetsourcing.eventstore")
 
 _STREAM_NOT_FOUND = 10059  # JetStream err_code
+_STREAM_NAME_IN_USE = 10058
 
 _MAX_BATCH = 100_000
 """The most messages one read batch may ask for (a batch is held in memory whole)."""
@@ -295,13 +296,16 @@ class EventStore:
         """
         config = await self._stream_config_json()
         if config is None:
-            timeout_s = self.settings.request_timeout_s
-            js = self.nc.jetstream(timeout=timeout_s)
-            try:
-                with map_nats_error(f"Creating stream {self.settings.stream!r}", timeout_s):
-                    await js.add_stream(self.stream_config())
-            except NatsError as exc:  # JetStream refused it
-                raise StreamConfigError(f"Could not create stream {self.settings.stream!r}: {exc}") from exc
+            name = self.settings.stream
+            created = await self._inbox.api(
+                f"$JS.API.STREAM.CREATE.{name}", json.dumps(self.stream_config().as_dict()).encode(),
+                self.settings.request_timeout_s, what=f"Creating stream {name!r}",
+            )
+            error = created.get("error")
+            if error is not None and error.get("err_code") != _STREAM_NAME_IN_USE:  # in use: another client raced us
+                raise StreamConfigError(
+                    f"Could not create stream {name!r}: {error.get('description')} (err_code {error.get('err_code')})."
+                )
             # Check what the server made of it too (it may adjust settings, or another client raced us).
             config = await self._stream_config_json()
             if config is None:
@@ -321,16 +325,10 @@ class EventStore:
         None when the stream does not exist.
         """
         name = self.settings.stream
-        timeout_s = self.settings.request_timeout_s
-        with map_nats_error(f"Reading the settings of stream {name!r}", timeout_s):
-            reply = await self.nc.request(f"$JS.API.STREAM.INFO.{name}", b"", timeout=timeout_s)
-        try:
-            info = json.loads(reply.data)
-        except ValueError as exc:
-            raise ServerUnavailableError(
-                f"Reading the settings of stream {name!r}: the server's answer is not JSON ({exc}). "
-                "Is this a NATS server with JetStream enabled (-js)?"
-            ) from exc
+        info = await self._inbox.api(
+            f"$JS.API.STREAM.INFO.{name}", b"", self.settings.request_timeout_s,
+            what=f"Reading the settings of stream {name!r}",
+        )
         error = info.get("error")
         if error is not None:
             if error.get("err_code") == _STREAM_NOT_FOUND:

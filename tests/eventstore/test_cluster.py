@@ -3,13 +3,25 @@
 from __future__ import annotations
 
 import asyncio
+import re
+import socket
+import subprocess
+from pathlib import Path
 
 import pytest
 
-from eventstore import EmbeddedCluster, EventStore, EventStoreError, StreamId
+from eventstore import EmbeddedCluster, EventStore, EventStoreError, StreamId, find_nats_server
 
 from ..conftest import unique_settings
 from .events import Deposited
+
+SAMPLES = Path(__file__).resolve().parents[2] / "samples" / "cluster"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 async def test_an_r3_store_on_the_cluster_keeps_its_events_when_the_stream_leader_is_killed(cluster: EmbeddedCluster) -> None:
@@ -50,3 +62,30 @@ def test_a_cluster_needs_a_sensible_number_of_nodes() -> None:
     for nodes in (0, 10, True, 2.5, "3"):
         with pytest.raises(EventStoreError, match="whole number of nodes"):
             EmbeddedCluster(nodes)  # type: ignore[arg-type]
+
+
+async def test_the_sample_three_node_configuration_survives_the_loss_of_a_node(tmp_path: Path) -> None:
+    """samples/cluster/n*.conf as a user starts them (ports moved to free ones so tests never collide)."""
+    ports = {str(p): str(_free_port()) for base in (4220, 6220, 8220) for p in range(base + 1, base + 4)}
+    processes: list[subprocess.Popen[bytes]] = []
+    try:
+        for i in (1, 2, 3):
+            text = (SAMPLES / f"n{i}.conf").read_text()
+            text = re.sub(r"\b(42[2][1-3]|62[2][1-3]|82[2][1-3])\b", lambda m: ports[m.group(1)], text)
+            text = text.replace('"./data/', f'"{tmp_path}/')
+            (tmp_path / f"n{i}.conf").write_text(text)
+            processes.append(subprocess.Popen([find_nats_server(), "-c", str(tmp_path / f"n{i}.conf")],
+                                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        url = ",".join(f"nats://127.0.0.1:{ports[str(4220 + i)]}" for i in (1, 2, 3))
+        settings = unique_settings(url, replicas=3, request_timeout_s=10.0)
+        async with await EventStore.connect(settings) as store:  # waits out the cluster's first election
+            store.registry.register(Deposited)
+            sid = StreamId("Account", "1")
+            await store.append(sid, [Deposited(amount=1)], 0)
+            processes[0].kill()
+            await store.append(sid, [Deposited(amount=2)], 1)  # within request_timeout_s of a new leader
+            assert [e.version for e in await store.read(sid, consistent=True)] == [1, 2]
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait()
