@@ -136,13 +136,21 @@ class Repository(Generic[A]):
         self._cache_put(aggregate._copy())
         return aggregate
 
-    async def _load(self, aggregate_id: str) -> A:
-        """Replay from the store: the latest usable snapshot and the events after it, or every event."""
+    async def _load(self, aggregate_id: str, *, consistent: bool = False) -> A:
+        """Replay from the store: the latest usable snapshot and the events after it, or every event.
+
+        ``consistent``: read up to the entity's last commit as the stream's leader knows it (before a command
+        retried after a conflict; a replica that answers a plain read may lag on a cluster).
+        """
         aggregate = self.aggregate_type(aggregate_id)
         snapshots = self._snapshots
         if snapshots is not None:
             snapshot = await snapshots.get(aggregate_id)
-            tail = await self._events_after(aggregate.stream_id, snapshot) if snapshot is not None else None
+            tail = (
+                await self._events_after(aggregate.stream_id, snapshot, consistent=consistent)
+                if snapshot is not None
+                else None
+            )
             if snapshot is not None and tail is not None:
                 aggregate.state, aggregate.version, aggregate.position = snapshot.state, snapshot.version, snapshot.position
                 aggregate.commands = dict(snapshot.commands)
@@ -151,7 +159,7 @@ class Repository(Generic[A]):
                 if len(tail) >= snapshots.every:
                     await snapshots.put(aggregate_id, aggregate.version, aggregate.position, aggregate.state, aggregate.commands)
                 return aggregate
-        aggregate._replay(await self.store.read(aggregate.stream_id))
+        aggregate._replay(await self.store.read(aggregate.stream_id, consistent=consistent))
         if snapshots is not None and aggregate.version >= snapshots.every:
             # No usable snapshot, yet enough events for one: write it so the next load is short.
             await snapshots.put(aggregate_id, aggregate.version, aggregate.position, aggregate.state, aggregate.commands)
@@ -179,7 +187,7 @@ class Repository(Generic[A]):
         return aggregate
 
     async def _events_after(
-        self, stream_id: StreamId, snapshot: Snapshot[Any], to_version: int | None = None
+        self, stream_id: StreamId, snapshot: Snapshot[Any], to_version: int | None = None, consistent: bool = False
     ) -> list[RecordedEvent] | None:
         """The events after the snapshot, or None when the snapshot does not line up with the stream.
 
@@ -187,7 +195,9 @@ class Repository(Generic[A]):
         the snapshot's: this catches a snapshot that outlived its stream (a
         stream deleted and created again) even when no event follows it.
         """
-        events = await self.store.read(stream_id, from_position=snapshot.position, to_version=to_version)
+        events = await self.store.read(
+            stream_id, from_position=snapshot.position, to_version=to_version, consistent=consistent
+        )
         boundary = 0
         while boundary < len(events) and events[boundary].position == snapshot.position:
             boundary += 1
@@ -199,10 +209,12 @@ class Repository(Generic[A]):
         )
         return None
 
-    async def _fast_forward(self, aggregate: A) -> bool:
-        """Apply the events stored after the aggregate's position; True if there were any."""
+    async def _fast_forward(self, aggregate: A, *, consistent: bool = False) -> bool:
+        """Apply the events stored after the aggregate's position (``consistent``: as the stream's leader knows
+        them); True if there were any."""
         events = await self.store.read(
-            aggregate.stream_id, from_version=aggregate.version + 1, from_position=aggregate.position + 1
+            aggregate.stream_id, from_version=aggregate.version + 1, from_position=aggregate.position + 1,
+            consistent=consistent,
         )
         aggregate._replay(events)
         return bool(events)
@@ -422,10 +434,10 @@ class Repository(Generic[A]):
             aggregate = cached._copy()
             if not refresh:
                 return aggregate, False
-            if await self._fast_forward(aggregate):
+            if await self._fast_forward(aggregate, consistent=True):
                 self._cache_put(aggregate._copy())
             return aggregate, True
-        aggregate = await self._load(aggregate_id)
+        aggregate = await self._load(aggregate_id, consistent=refresh)
         if aggregate.version == 0:
             if not create:
                 raise AggregateNotFoundError(self.aggregate_type.__name__, aggregate_id)

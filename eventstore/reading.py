@@ -14,9 +14,10 @@
   concurrent writers: it reads back from one last commit. Direct get may be
   answered by a replica and is not read-after-write coherent on a cluster;
   that is safe before an optimistic append (a stale read only causes a
-  conflict and a retry). ``consistent=True`` reads through an ordered
-  consumer instead, up to the entity's last position as the stream leader
-  reports it (the consumer's replica may lag; the read waits for it).
+  conflict and a retry). ``consistent=True`` first asks the stream's leader
+  for the entity's last position (a message get, which only the leader
+  answers), and reads up to it: with the walk when the replica that answers
+  has it, else through an ordered consumer that waits for its replica.
 * :meth:`Reader.read_all` and :meth:`Reader.subscribe` replay the stream in
   order with :class:`~eventstore.consumer.OrderedPull`.
 """
@@ -79,31 +80,41 @@ class Reader:
         subject = stream_id.subject(self._prefix)
         events: list[RecordedEvent] = []
         if consistent:
-            # To the entity's last position as the leader knows it (a message get), not only what the consumer's
-            # replica has: a one-replica consumer may be placed on a lagging one.
+            # The entity's last position as the stream's leader knows it (a message get), then the usual walk,
+            # whose direct gets any replica answers: if that replica lags the leader, an ordered consumer reads
+            # up to the leader's position instead (it waits for its own replica to catch up).
             timeout_s = self._settings.request_timeout_s
             try:
                 with map_nats_error(f"Reading {stream_id}", timeout_s):
-                    last = await self._nc.jetstream(timeout=timeout_s).get_last_msg(self._settings.stream, subject)
+                    newest = await self._nc.jetstream(timeout=timeout_s).get_last_msg(self._settings.stream, subject)
             except NotFoundError:
                 return []
-            pull = OrderedPull(self._nc, self._settings.stream, start_seq=from_position, filter_subjects=[subject],
-                               stop_seq=int(last.seq or 0), api_timeout_s=timeout_s, what=f"Reading {stream_id}")
-            async for batch in pull.batches():
-                for seq, msg in batch:
-                    events.extend(decode_commit(stream_id, seq, msg.headers, msg.data, self._registry))
-            if events:
-                self._appender.remember(stream_id, events[-1].version, events[-1].position)
-        else:
+            last = int(newest.seq or 0)
+            if last < from_position:
+                return []
             msgs = await self._appender.commits(stream_id, from_position=from_position)
-            for msg in msgs:
-                headers = msg.headers or {}
-                events.extend(decode_commit(stream_id, int(headers[Header.SEQUENCE]), headers, msg.data, self._registry))
+            if msgs and int((msgs[-1].headers or {})[Header.SEQUENCE]) >= last:
+                self._decode_commits(stream_id, msgs, events)
+            else:
+                pull = OrderedPull(self._nc, self._settings.stream, start_seq=from_position, filter_subjects=[subject],
+                                   stop_seq=last, api_timeout_s=timeout_s, what=f"Reading {stream_id}")
+                async for batch in pull.batches():
+                    for seq, msg in batch:
+                        events.extend(decode_commit(stream_id, seq, msg.headers, msg.data, self._registry))
+                if events:
+                    self._appender.remember(stream_id, events[-1].version, events[-1].position)
+        else:
+            self._decode_commits(stream_id, await self._appender.commits(stream_id, from_position=from_position), events)
             # (commits() remembered the entity's last commit for the next append)
         if from_version > 1 or to_version is not None:
             high = to_version if to_version is not None else events[-1].version if events else 0
             events = [e for e in events if from_version <= e.version <= high]
         return events
+
+    def _decode_commits(self, stream_id: StreamId, msgs: list[Msg], events: list[RecordedEvent]) -> None:
+        for msg in msgs:
+            headers = msg.headers or {}
+            events.extend(decode_commit(stream_id, int(headers[Header.SEQUENCE]), headers, msg.data, self._registry))
 
     async def read_all(
         self,
