@@ -103,8 +103,11 @@ async def create_replay_consumer(
     body = json.dumps({"stream_name": stream, "config": config}).encode()
     deadline = None if give_up_s is None else time.monotonic() + give_up_s
     delay = 0.05
+    # Short tries: a clustered JetStream drops API requests while it elects a meta leader, so one long wait
+    # would outlast the election without ever being answered. The consumer's name makes a resend idempotent.
+    try_s = max(0.5, api_timeout_s / 4)
     while True:
-        timeout_s = api_timeout_s if deadline is None else min(api_timeout_s, max(0.05, deadline - time.monotonic()))
+        timeout_s = try_s if deadline is None else min(try_s, max(0.05, deadline - time.monotonic()))
         try:
             reply = await nc.request(subject, body, timeout=timeout_s)
             info: dict[str, object] = json.loads(reply.data)
