@@ -93,38 +93,43 @@ async def first_ack_after(workload: Workload, t: float, timeout_s: float = 60.0)
     return first
 
 
-async def cluster_leader_kill(cluster: EmbeddedCluster, scale: int) -> dict[str, Any]:
-    log("cluster_leader_kill: SIGKILL the R3 stream's leader under writers")
+async def r3_workload(cluster: EmbeddedCluster, scale: int, seed: int) -> tuple[EventStore, Workload, int]:
+    """32 writers on a new R3 stream, settled for 2 s; the store, the workload and the stream's leader."""
     settings = settings_for(cluster.url, replicas=3)
     store = await EventStore.connect(settings)
-    workload = Workload(store, entities=500 * scale, writers=32, seed=2)
+    workload = Workload(store, entities=500 * scale, writers=32, seed=seed)
     workload.start()
-    await settle(workload, 3)
-    leader = await asyncio.to_thread(cluster.wait_for_stream_leader, settings.stream)
+    await settle(workload, 2)
+    return store, workload, await asyncio.to_thread(cluster.wait_for_stream_leader, settings.stream)
+
+
+async def r3_report(cluster: EmbeddedCluster, store: EventStore, workload: Workload) -> Report:
+    """Stop the writers, bring every node back (JetStream's meta group may have lost its leader), read back."""
+    await workload.stop()
+    await asyncio.to_thread(cluster.start)
+    report = await check(store, workload.ledger)
+    await store.close()
+    return report
+
+
+async def cluster_leader_kill(cluster: EmbeddedCluster, scale: int) -> dict[str, Any]:
+    log("cluster_leader_kill: SIGKILL the R3 stream's leader under writers")
+    store, workload, leader = await r3_workload(cluster, scale, seed=2)
     cluster.kill(leader)
     killed = time.monotonic()
-    await asyncio.to_thread(cluster.wait_for_stream_leader, settings.stream, other_than=leader, timeout_s=60)
+    await asyncio.to_thread(cluster.wait_for_stream_leader, store.settings.stream, other_than=leader, timeout_s=60)
     elected = time.monotonic()
     first = await first_ack_after(workload, elected)
     log(f"  new leader {elected - killed:.2f}s after the kill; first append {first - elected:.2f}s after that")
     await settle(workload, 3)
-    await workload.stop()
-    await asyncio.to_thread(cluster.start)  # the killed node rejoins (and JetStream's meta group has a leader)
-    report = await check(store, workload.ledger)
-    await store.close()
-    result = summary(report, first - killed, first - elected)
+    result = summary(await r3_report(cluster, store, workload), first - killed, first - elected)
     result["election_s"] = round(elected - killed, 2)
     return result
 
 
 async def follower_loss(cluster: EmbeddedCluster, scale: int) -> dict[str, Any]:
-    log("follower_loss: stop a follower under writers, bring it back")
-    settings = settings_for(cluster.url, replicas=3)
-    store = await EventStore.connect(settings)
-    workload = Workload(store, entities=500 * scale, writers=32, seed=3)
-    workload.start()
-    await settle(workload, 2)
-    leader = await asyncio.to_thread(cluster.wait_for_stream_leader, settings.stream)
+    log("follower_loss: SIGKILL a follower under writers, bring it back")
+    store, workload, leader = await r3_workload(cluster, scale, seed=3)
     follower = next(i for i in cluster.running() if i != leader)
     cluster.kill(follower)
     lost = time.monotonic()
@@ -133,12 +138,8 @@ async def follower_loss(cluster: EmbeddedCluster, scale: int) -> dict[str, Any]:
     cluster.start_node(follower)
     back = time.monotonic()
     await settle(workload, 2)
-    await workload.stop()
-    await asyncio.to_thread(cluster.start)
-    report = await check(store, workload.ledger)
-    await store.close()
     log(f"  first append {first - lost:.2f}s after the loss; the follower was back at +{back - lost:.1f}s")
-    return summary(report, 0.0, first - lost)
+    return summary(await r3_report(cluster, store, workload), first - lost, first - lost)
 
 
 async def client_kill(url: str, scale: int, base: Path) -> dict[str, Any]:
