@@ -115,7 +115,7 @@ _RACE_BUDGET_FACTOR = 10
 
 
 class LeaderWait:
-    """Retries of "no responders" (503) answers within ``timeout_s`` of the first, with jittered backoff.
+    """Retries of "no responders" (503) answers within ``timeout_s`` of its creation, with jittered backoff.
 
     A replicated stream has no leader for a few seconds after its leader is
     lost (an election) or steps down, and JetStream answers nothing for it:
@@ -126,15 +126,12 @@ class LeaderWait:
     def __init__(self, timeout_s: float) -> None:
         self.timeout_s = timeout_s
         self.waited = 0
-        self._since: float | None = None
+        self._since = asyncio.get_running_loop().time()
         self._step = 0.05
 
     async def again(self) -> bool:
         """Wait before the next try and return True, or return False at once when ``timeout_s`` has passed."""
-        now = asyncio.get_running_loop().time()
-        if self._since is None:
-            self._since = now
-        left = self._since + self.timeout_s - now
+        left = self._since + self.timeout_s - asyncio.get_running_loop().time()
         if left <= 0:
             return False
         self.waited += 1
@@ -263,11 +260,10 @@ class Appender:
                 what=what,
                 many=True,
             )
-            if not (_no_responders(msgs[-1]) and await wait.again()):
+            if not _no_responders(msgs[-1]):
                 break
+            await self._await_leader(wait, what)
         status = (msgs[-1].headers or {}).get(Header.STATUS, "")
-        if status == "503":
-            raise await self._no_leader_error(what)
         if status not in ("204", "404"):
             raise ServerUnavailableError(f"{what}: the server answered with status {status}.")
         return msgs[:-1]
@@ -294,13 +290,12 @@ class Appender:
                 self._settings.request_timeout_s,
                 what=what,
             )
-            if not (any(_no_responders(m) for m in msgs) and await wait.again()):
+            if not any(_no_responders(m) for m in msgs):
                 break
+            await self._await_leader(wait, what)
         found: list[Msg | None] = []
         for msg in msgs:
             status = (msg.headers or {}).get(Header.STATUS)
-            if status == "503":
-                raise await self._no_leader_error(what)
             if status is not None and status != "404":
                 raise ServerUnavailableError(f"{what}: the server answered with status {status}.")
             found.append(None if status else msg)
@@ -593,24 +588,47 @@ class Appender:
                 raise await self._unacknowledged_error(commits, attempts) from exc
             if _no_responders(reply):
                 # Nobody received it: no leader for the stream just now (an election), or no stream at all.
-                if await wait.again():
-                    attempt += 1
-                    continue
-                raise await self._no_leader_error(f"Appending to {commits[-1].request.stream_id}", unanswered > 0)
+                await self._await_leader(wait, f"Appending to {commits[-1].request.stream_id}", resent=unanswered > 0)
+                attempt += 1
+                continue
             return self._parse_ack(reply, commits, resent=unanswered > 0)
 
-    async def _no_leader_error(self, what: str, resent: bool = False) -> EventStoreError:
-        """The error of a request nobody answered (503) for ``request_timeout_s``: :class:`StreamConfigError` when
-        the stream does not exist or does not cover this store's subjects, else :class:`ServerUnavailableError`
-        (the stream has no leader: an election, or too few of its servers are up for a quorum)."""
+    async def _await_leader(self, wait: LeaderWait, what: str, *, resent: bool = False) -> None:
+        """Wait before resending a request nobody answered (503), or raise why there is no point.
+
+        A 503 means no leader for the stream just now (an election, a lost
+        quorum) or no stream at all. The stream is asked about at the first 503
+        only (briefly: without a meta leader nobody answers): a stream the
+        server says does not exist, or that does not cover this store's
+        subjects, is :class:`StreamConfigError` at once; otherwise the resends
+        back off until ``request_timeout_s`` from the first 503 has passed, then
+        :class:`ServerUnavailableError` naming ``what``.
+        """
+        if wait.waited == 0:
+            problem = await self._stream_problem(what, min(1.0, self._settings.request_timeout_s / 4))
+            if problem is not None:
+                raise problem
+        if await wait.again():
+            return
+        stored = (
+            " An earlier send went unanswered and may have been stored: retry with the same idempotency key to find "
+            "out safely." if resent else " Nothing was stored by this call."
+        )
+        raise ServerUnavailableError(
+            f"{what}: stream {self._settings.stream!r} had no leader for {self._settings.request_timeout_s}s (a leader "
+            f"election, or too few of its servers are up for a quorum).{stored} Retry; check the cluster's nodes if "
+            "it persists."
+        )
+
+    async def _stream_problem(self, what: str, timeout_s: float) -> StreamConfigError | None:
+        """:class:`StreamConfigError` when the server says the stream does not exist or does not cover this store's
+        subjects; None when it exists as needed, or no answer came within ``timeout_s``."""
         stream, prefix = self._settings.stream, self._settings.subject_prefix
         try:
-            (reply,) = await self._inbox.request(
-                f"$JS.API.STREAM.INFO.{stream}", b"", self._settings.request_timeout_s, what=what
-            )
+            (reply,) = await self._inbox.request(f"$JS.API.STREAM.INFO.{stream}", b"", timeout_s, what=what)
             info = json.loads(reply.data) if reply.data else {}
         except (ServerUnavailableError, ValueError):
-            info = {}
+            return None
         code = (info.get("error") or {}).get("err_code")
         subjects = (info.get("config") or {}).get("subjects")
         if code == _STREAM_NOT_FOUND:
@@ -623,14 +641,7 @@ class Appender:
                 f"{what}: stream {stream!r} does not store subjects {prefix}.> (its subjects: {subjects}). Check "
                 "subject_prefix and stream, or create the stream with EventStore.ensure_stream()."
             )
-        stored = (
-            " An earlier send went unanswered and may have been stored: retry with the same idempotency key to find "
-            "out safely." if resent else " Nothing was stored by this call."
-        )
-        return ServerUnavailableError(
-            f"{what}: stream {stream!r} had no leader for {self._settings.request_timeout_s}s (a leader election, or "
-            f"too few of its servers are up for a quorum).{stored} Retry; check the cluster's nodes if it persists."
-        )
+        return None
 
     async def _unacknowledged_error(self, commits: list[_Commit], attempts: int) -> ServerUnavailableError:
         """The error of an append no send of which was answered.
