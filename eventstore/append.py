@@ -92,9 +92,15 @@ MAX_ENTITIES_PER_APPEND = 1000
 """The server refuses atomic batches of more than 1,000 messages (one message per entity)."""
 
 _WRONG_LAST_SEQUENCE = 10071
-# A replicated stream's leader reports a failed expected-last-subject-sequence check with this code (the
-# proposal's pre-check) as well as with 10071; nats-py's key-value code treats both as a conflict too.
-_WRONG_LAST_SEQUENCE_CLUSTERED = 10164
+# Answers of a replicated stream's leader that mean "not now": the pre-check of its proposal cannot decide this send
+# while another write it concerns is proposed but not yet applied (an earlier send of this very append, or another
+# writer's append to the entity); nothing of this send is stored, and a resend once that write lands is answered
+# for real (a duplicate ack, or a decided conflict). nats-server's jetstream_batching.go:
+# JSStreamDuplicateMessageConflict (the msg id in process), JSStreamWrongLastSequenceConstantErr (the subject in
+# process; nats-py's key-value code takes it for a conflict, which it is not yet), and
+# JSStreamExpectedLastSeqPerSubjectNotReady.
+_NOT_NOW: Final = {10158: "its msg id is in process", 10164: "a write to its subject is in process",
+                   10163: "the subject's last sequence is not known yet"}
 _BATCH_DUPLICATE_MSG_ID = 10201
 _ATOMIC_DISABLED = 10174
 _BATCH_INCOMPLETE = 10176  # the server lost staged messages of the batch (a restart, a failed staging write)
@@ -115,7 +121,8 @@ _RACE_BUDGET_FACTOR = 10
 
 
 class LeaderWait:
-    """Retries of "no responders" (503) answers within ``timeout_s`` of its creation, with jittered backoff.
+    """Retries of answers that mean "not now" within ``timeout_s`` of the first, with jittered backoff: "no
+    responders" (503), or a subject with a write in flight (10164).
 
     A replicated stream has no leader for a few seconds after its leader is
     lost (an election) or steps down, and JetStream answers nothing for it:
@@ -126,12 +133,15 @@ class LeaderWait:
     def __init__(self, timeout_s: float) -> None:
         self.timeout_s = timeout_s
         self.waited = 0
-        self._since = asyncio.get_running_loop().time()
+        self._since: float | None = None
         self._step = 0.05
 
     async def again(self) -> bool:
         """Wait before the next try and return True, or return False at once when ``timeout_s`` has passed."""
-        left = self._since + self.timeout_s - asyncio.get_running_loop().time()
+        now = asyncio.get_running_loop().time()
+        if self._since is None:
+            self._since = now
+        left = self._since + self.timeout_s - now
         if left <= 0:
             return False
         self.waited += 1
@@ -213,6 +223,10 @@ class _Conflict(Exception):
     def __init__(self, duplicate_id: bool = False) -> None:
         super().__init__()
         self.duplicate_id = duplicate_id
+
+
+class _NotNow(Exception):
+    """The server cannot decide the send while another write it concerns is in flight (see ``_NOT_NOW``)."""
 
 
 class Appender:
@@ -591,7 +605,19 @@ class Appender:
                 await self._await_leader(wait, f"Appending to {commits[-1].request.stream_id}", resent=unanswered > 0)
                 attempt += 1
                 continue
-            return self._parse_ack(reply, commits, resent=unanswered > 0)
+            try:
+                return self._parse_ack(reply, commits, resent=unanswered > 0)
+            except _NotNow as exc:
+                if await wait.again():
+                    attempt += 1
+                    continue
+                raise ServerUnavailableError(
+                    f"Appending to {commits[-1].request.stream_id}: the server could not decide the append for "
+                    f"{self._settings.request_timeout_s}s: {exc} (a write in flight that its stream's replicas have "
+                    "not confirmed: an earlier send of this append, or another writer's). "
+                    + ("An earlier send of this append may yet be stored: retry with the same idempotency key to find "
+                       "out safely." if unanswered else "Nothing was stored by this call. Retry.")
+                ) from None
 
     async def _await_leader(self, wait: LeaderWait, what: str, *, resent: bool = False) -> None:
         """Wait before resending a request nobody answered (503), or raise why there is no point.
@@ -682,8 +708,10 @@ class Appender:
             last = int(ack["seq"])
             return [last - len(commits) + 1 + i for i in range(len(commits))], bool(ack.get("duplicate"))
         code = error.get("err_code")
-        if code in (_WRONG_LAST_SEQUENCE, _WRONG_LAST_SEQUENCE_CLUSTERED):
+        if code == _WRONG_LAST_SEQUENCE:
             raise _Conflict
+        if code in _NOT_NOW:
+            raise _NotNow(_NOT_NOW[code])
         if code == _BATCH_DUPLICATE_MSG_ID:
             raise _Conflict(duplicate_id=True)
         description = error.get("description", "")

@@ -4,6 +4,8 @@ from a stream without a leader."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 
 import pytest
@@ -128,3 +130,32 @@ async def test_appends_go_on_across_a_graceful_stop_of_the_stream_leader(cluster
             version += 1
         await stopping
         assert [e.version for e in await store.read(sid, consistent=True)] == list(range(1, version + 1))
+
+
+async def test_a_resend_refused_while_its_first_send_is_in_flight_is_not_a_conflict(cluster: EmbeddedCluster) -> None:
+    # The followers frozen: the leader proposes the first send but cannot commit it, and its answer is late. The
+    # resend is refused with 10164 (a write to the subject in flight): that is the first send, not a rival.
+    settings = unique_settings(cluster.url, replicas=3, request_timeout_s=1.5, append_retries=1)
+    async with await EventStore.connect(settings) as setup:
+        setup.registry.register(Deposited)
+        sid = StreamId("Account", "1")
+        await setup.append(sid, [Deposited(amount=0)], 0)
+        leader = await asyncio.to_thread(cluster.wait_for_stream_leader, settings.stream)
+    on_leader = settings.model_copy(update={"nats_url": cluster.urls[leader]})
+    followers = [cluster.nodes[i].pid for i in range(3) if i != leader]
+    async with await EventStore.connect(on_leader, create_stream=False) as store:
+        store.registry.register(Deposited)
+        await store.append(sid, [Deposited(amount=1)], 1)  # the entity's position is known: no lookup below
+        for pid in followers:
+            assert pid is not None
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            appending = asyncio.create_task(store.append(sid, [Deposited(amount=2)], 2))
+            await asyncio.sleep(2.0)  # the first send unanswered, the resend refused as in flight
+        finally:
+            for pid in followers:
+                assert pid is not None
+                os.kill(pid, signal.SIGCONT)
+        result = await appending
+        assert (result.first_version, result.last_version) == (3, 3)
+        assert [e.version for e in await store.read(sid, consistent=True)] == [1, 2, 3]
