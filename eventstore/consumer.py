@@ -35,7 +35,9 @@ from nats.aio.subscription import Subscription
 from .errors import ServerUnavailableError, map_nats_error, server_unavailable
 from .wire import Header
 
-__all__ = ["OrderedPull", "StoredMsg", "create_replay_consumer", "delete_consumer", "delete_consumer_later"]
+__all__ = [
+    "OrderedPull", "StoredMsg", "create_replay_consumer", "delete_consumer", "delete_consumer_later", "leader_has_message",
+]
 
 StoredMsg = tuple[int, Msg]
 """A stream message with its stream sequence."""
@@ -137,6 +139,28 @@ def _split_unfinished_batch(msgs: list[StoredMsg]) -> tuple[list[StoredMsg], lis
     return msgs[:cut], msgs[cut:]
 
 
+async def leader_has_message(
+    nc: NATS, stream: str, from_seq: int, filter_subjects: Sequence[str], *, timeout_s: float, api_prefix: str = "$JS.API"
+) -> int | None:
+    """The sequence of the first message at or after ``from_seq`` on one of ``filter_subjects`` (all subjects when
+    empty), as the stream's leader knows it; None when there is none, or nobody answered within ``timeout_s``.
+
+    A message get (not a direct get) is answered by the leader: on a replicated
+    stream a follower's copy, and a consumer placed on it, may lag.
+    """
+    found: list[int] = []
+    for subject in filter_subjects or [">"]:
+        body = json.dumps({"seq": from_seq, "next_by_subj": subject}).encode()
+        try:
+            reply = await nc.request(f"{api_prefix}.STREAM.MSG.GET.{stream}", body, timeout=timeout_s)
+            seq = (json.loads(reply.data).get("message") or {}).get("seq")
+        except Exception:  # noqa: BLE001 - no leader just now, or a lost connection: unknown, not an error
+            continue
+        if isinstance(seq, int):
+            found.append(seq)
+    return min(found, default=None)
+
+
 class OrderedPull:
     """Yields the messages of ``stream`` from ``start_seq`` on, in sequence order, in batches.
 
@@ -176,6 +200,7 @@ class OrderedPull:
         self._heartbeat_s = heartbeat_s
         self._api_timeout_s = api_timeout_s
         self._give_up_s = give_up_s if give_up_s is not None else (None if live else api_timeout_s)
+        self._stall_s = max(heartbeat_s * 5, 2.0)
         self._api = api_prefix
         self._inbox = nc.new_inbox()
         self._sub: Subscription | None = None
@@ -187,6 +212,7 @@ class OrderedPull:
         self._wake = asyncio.Event()
         self._reset = False
         self._last_activity = 0.0
+        self._last_data = 0.0  # when the consumer last delivered (or was created, or the leader was asked)
         self._closed = False
         self._held: list[StoredMsg] = []  # the end of an atomic batch not yet seen whole (live reads)
 
@@ -208,6 +234,7 @@ class OrderedPull:
             self._wake.set()
             return
         self._last_dseq = dseq
+        self._last_data = self._last_activity
         self._pending = pending
         self.next_seq = sseq + 1
         self._buffer.append((sseq, msg))
@@ -248,7 +275,7 @@ class OrderedPull:
         self._pending = int(num_pending) if isinstance(num_pending, int) else None
         self._requests.clear()
         self._reset = False
-        self._last_activity = time.monotonic()
+        self._last_activity = self._last_data = time.monotonic()
 
     async def _request_more(self) -> None:
         expires_s = max(self._heartbeat_s * 5, 2.0)
@@ -302,8 +329,24 @@ class OrderedPull:
                         if self._held:  # quiet for heartbeat_s: the batch is whole, its commit filtered out
                             out, self._held = self._held, []
                             yield out
+                        elif self._live and time.monotonic() - self._last_data > self._stall_s:
+                            self._reset = await self._stalled()
         finally:
             await self.close()
+
+    async def _stalled(self) -> bool:
+        """Whether the stream's leader has a message for this read that the consumer has not delivered.
+
+        A live read on a replicated stream can go quiet while its consumer still
+        sends heartbeats: after a leader change the consumer (placed on one
+        replica) may stop delivering. Asked after ``_stall_s`` of quiet, at most
+        once per ``_stall_s`` (an idle subscriber costs one message get then).
+        """
+        self._last_data = time.monotonic()
+        seq = await leader_has_message(
+            self._nc, self._stream, self.next_seq, self._filters, timeout_s=self._api_timeout_s, api_prefix=self._api
+        )
+        return seq is not None and seq >= self.next_seq  # not delivered while the leader was asked
 
     async def close(self) -> None:
         """Delete the consumer and the subscription."""
