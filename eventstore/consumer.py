@@ -7,7 +7,10 @@ callback and hands the messages over in whole batches. It checks the
 consumer's delivery sequence on every message; after a gap, a missed
 heartbeat, a server restart or a lost connection it deletes the consumer and
 creates a new one starting right after the last message it handed over, so the
-caller sees every message of the range exactly once and in order.
+caller sees every message of the range exactly once and in order. A live read
+does the same when it has been quiet a while although the stream's leader has a
+message for it (on a replicated stream, a consumer whose replica stopped
+delivering after a leader change).
 
 The server applies an atomic batch (``append_many``) one message at a time,
 and a consumer can deliver the part applied so far. So a live read never ends
