@@ -88,10 +88,7 @@ async def create_replay_consumer(
     expires after a minute.
     """
     what = what or f"Reading stream {stream!r}"
-    # Short: the name is in the reply subject of every message the consumer delivers.
-    name = secrets.token_urlsafe(9)
     config: dict[str, object] = {
-        "name": name,
         "deliver_policy": "by_start_sequence",
         "opt_start_seq": start_seq,
         "ack_policy": "none",
@@ -104,14 +101,17 @@ async def create_replay_consumer(
         config["filter_subject"] = filter_subjects[0]
     elif filter_subjects:
         config["filter_subjects"] = list(filter_subjects)
-    subject = f"{api_prefix}.CONSUMER.CREATE.{stream}.{name}"
-    body = json.dumps({"stream_name": stream, "config": config}).encode()
     deadline = None if give_up_s is None else time.monotonic() + give_up_s
     delay = 0.05
     while True:
+        # A new name per try: on a cluster the meta leader may have placed an unanswered try's consumer on a
+        # replica that is down, and a retry under that name would wait for that replica. Short: the name is in
+        # the reply subject of every message the consumer delivers.
+        name = secrets.token_urlsafe(9)
+        body = json.dumps({"stream_name": stream, "config": {**config, "name": name}}).encode()
         timeout_s = api_timeout_s if deadline is None else min(api_timeout_s, max(0.05, deadline - time.monotonic()))
         try:
-            reply = await nc.request(subject, body, timeout=timeout_s)
+            reply = await nc.request(f"{api_prefix}.CONSUMER.CREATE.{stream}.{name}", body, timeout=timeout_s)
             info: dict[str, object] = json.loads(reply.data)
             if "error" in info:
                 raise ServerUnavailableError(
@@ -119,6 +119,7 @@ async def create_replay_consumer(
                 )
             return name, info
         except Exception as exc:  # noqa: BLE001 - server down or restarting: retry until give_up_s
+            delete_consumer_later(nc, stream, name, api_prefix=api_prefix)  # if the unanswered try created it
             if should_stop():
                 raise
             if deadline is not None and time.monotonic() + delay > deadline:
