@@ -109,7 +109,9 @@ async def create_replay_consumer(
         # the reply subject of every message the consumer delivers.
         name = secrets.token_urlsafe(9)
         body = json.dumps({"stream_name": stream, "config": {**config, "name": name}}).encode()
-        timeout_s = api_timeout_s if deadline is None else min(api_timeout_s, max(0.05, deadline - time.monotonic()))
+        # At least two tries fit in api_timeout_s (the one after an unanswered one goes elsewhere, see above).
+        try_s = max(1.0, api_timeout_s / 2)
+        timeout_s = try_s if deadline is None else min(try_s, max(0.05, deadline - time.monotonic()))
         try:
             reply = await nc.request(f"{api_prefix}.CONSUMER.CREATE.{stream}.{name}", body, timeout=timeout_s)
             info: dict[str, object] = json.loads(reply.data)
