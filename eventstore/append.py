@@ -67,7 +67,7 @@ from .errors import (
     StreamConfigError,
 )
 from .events import ANY, NO_STREAM, AppendResult, ExpectedVersion, StreamState
-from .inbox import TRANSIENT_API_ERRORS, Inbox
+from .inbox import Inbox
 from .registry import TypeRegistry
 from .settings import EventStoreSettings
 from .streams import StreamId
@@ -92,12 +92,16 @@ MAX_ENTITIES_PER_APPEND = 1000
 """The server refuses atomic batches of more than 1,000 messages (one message per entity)."""
 
 _WRONG_LAST_SEQUENCE = 10071
-# A replicated stream's leader reports a failed expected-last-subject-sequence check with this code (the
-# proposal's pre-check) as well as with 10071; nats-py's key-value code treats both as a conflict too.
-_WRONG_LAST_SEQUENCE_CLUSTERED = 10164
+# Answers of a replicated stream's leader that mean "not now": the pre-check of its proposal cannot decide this send
+# while another write it concerns is proposed but not yet applied (an earlier send of this very append, or another
+# writer's append to the entity); nothing of this send is stored, and a resend once that write lands is answered
+# for real (a duplicate ack, or a decided conflict). nats-server's jetstream_batching.go:
+# JSStreamDuplicateMessageConflict (the msg id in process), JSStreamWrongLastSequenceConstantErr (the subject in
+# process; nats-py's key-value code takes it for a conflict, which it is not yet), and
+# JSStreamExpectedLastSeqPerSubjectNotReady.
+_NOT_NOW: Final = {10158: "its msg id is in process", 10164: "a write to its subject is in process",
+                   10163: "the subject's last sequence is not known yet"}
 _BATCH_DUPLICATE_MSG_ID = 10201
-_LAST_SEQUENCE_NOT_READY = 10163  # a new stream leader cannot check expected last subject sequences yet
-_DUPLICATE_IN_PROCESS = 10158  # an earlier send of the same msg id is still being replicated (no quorum yet)
 _ATOMIC_DISABLED = 10174
 _BATCH_INCOMPLETE = 10176  # the server lost staged messages of the batch (a restart, a failed staging write)
 _BATCH_TOO_MANY_INFLIGHT = 10210
@@ -117,7 +121,8 @@ _RACE_BUDGET_FACTOR = 10
 
 
 class LeaderWait:
-    """Retries of "no responders" (503) answers within ``timeout_s`` of the first, with jittered backoff.
+    """Retries of answers that mean "not now" within ``timeout_s`` of the first, with jittered backoff: "no
+    responders" (503), or a subject with a write in flight (10164).
 
     A replicated stream has no leader for a few seconds after its leader is
     lost (an election) or steps down, and JetStream answers nothing for it:
@@ -147,17 +152,6 @@ class LeaderWait:
 
 def _no_responders(msg: Msg) -> bool:
     return not msg.data and bool(msg.headers) and (msg.headers or {}).get(Header.STATUS) == "503"
-
-
-def _between_leaders(ack: Msg) -> bool:
-    """Whether a publish's answer means "not now" from a stream without a (settled) leader: nobody answered, or
-    the new leader cannot check expected last subject sequences yet (10163), or JetStream is unavailable."""
-    if _no_responders(ack):
-        return True
-    if b'"error"' not in ack.data:
-        return False
-    code = (json.loads(ack.data).get("error") or {}).get("err_code")
-    return code == _LAST_SEQUENCE_NOT_READY or code in TRANSIENT_API_ERRORS
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,6 +225,10 @@ class _Conflict(Exception):
         self.duplicate_id = duplicate_id
 
 
+class _NotNow(Exception):
+    """The server cannot decide the send while another write it concerns is in flight (see ``_NOT_NOW``)."""
+
+
 class Appender:
     """Writes commits; one per event store connection. See the module docs for the guarantees."""
 
@@ -276,11 +274,10 @@ class Appender:
                 what=what,
                 many=True,
             )
-            if not (_no_responders(msgs[-1]) and await wait.again()):
+            if not _no_responders(msgs[-1]):
                 break
+            await self._await_leader(wait, what)
         status = (msgs[-1].headers or {}).get(Header.STATUS, "")
-        if status == "503":
-            raise await self._no_leader_error(what)
         if status not in ("204", "404"):
             raise ServerUnavailableError(f"{what}: the server answered with status {status}.")
         return msgs[:-1]
@@ -307,13 +304,12 @@ class Appender:
                 self._settings.request_timeout_s,
                 what=what,
             )
-            if not (any(_no_responders(m) for m in msgs) and await wait.again()):
+            if not any(_no_responders(m) for m in msgs):
                 break
+            await self._await_leader(wait, what)
         found: list[Msg | None] = []
         for msg in msgs:
             status = (msg.headers or {}).get(Header.STATUS)
-            if status == "503":
-                raise await self._no_leader_error(what)
             if status is not None and status != "404":
                 raise ServerUnavailableError(f"{what}: the server answered with status {status}.")
             found.append(None if status else msg)
@@ -604,26 +600,61 @@ class Appender:
                     attempt += 1
                     continue  # resend: the msg ids make a resend safe
                 raise await self._unacknowledged_error(commits, attempts) from exc
-            if _between_leaders(reply):
-                # Not stored: no leader for the stream just now (an election), or no stream at all.
+            if _no_responders(reply):
+                # Nobody received it: no leader for the stream just now (an election), or no stream at all.
+                await self._await_leader(wait, f"Appending to {commits[-1].request.stream_id}", resent=unanswered > 0)
+                attempt += 1
+                continue
+            try:
+                return self._parse_ack(reply, commits, resent=unanswered > 0)
+            except _NotNow as exc:
                 if await wait.again():
                     attempt += 1
                     continue
-                raise await self._no_leader_error(f"Appending to {commits[-1].request.stream_id}", unanswered > 0)
-            return self._parse_ack(reply, commits, resent=unanswered > 0)
+                raise ServerUnavailableError(
+                    f"Appending to {commits[-1].request.stream_id}: the server could not decide the append for "
+                    f"{self._settings.request_timeout_s}s: {exc} (a write in flight that its stream's replicas have "
+                    "not confirmed: an earlier send of this append, or another writer's). "
+                    + ("An earlier send of this append may yet be stored: retry with the same idempotency key to find "
+                       "out safely." if unanswered else "Nothing was stored by this call. Retry.")
+                ) from None
 
-    async def _no_leader_error(self, what: str, resent: bool = False) -> EventStoreError:
-        """The error of a request nobody answered (503) for ``request_timeout_s``: :class:`StreamConfigError` when
-        the stream does not exist or does not cover this store's subjects, else :class:`ServerUnavailableError`
-        (the stream has no leader: an election, or too few of its servers are up for a quorum)."""
+    async def _await_leader(self, wait: LeaderWait, what: str, *, resent: bool = False) -> None:
+        """Wait before resending a request nobody answered (503), or raise why there is no point.
+
+        A 503 means no leader for the stream just now (an election, a lost
+        quorum) or no stream at all. The stream is asked about at the first 503
+        only (briefly: without a meta leader nobody answers): a stream the
+        server says does not exist, or that does not cover this store's
+        subjects, is :class:`StreamConfigError` at once; otherwise the resends
+        back off until ``request_timeout_s`` from the first 503 has passed, then
+        :class:`ServerUnavailableError` naming ``what``.
+        """
+        if wait.waited == 0:
+            problem = await self._stream_problem(what, min(1.0, self._settings.request_timeout_s / 4))
+            if problem is not None:
+                raise problem
+        if await wait.again():
+            return
+        stored = (
+            " An earlier send went unanswered and may have been stored: retry with the same idempotency key to find "
+            "out safely." if resent else " Nothing was stored by this call."
+        )
+        raise ServerUnavailableError(
+            f"{what}: stream {self._settings.stream!r} had no leader for {self._settings.request_timeout_s}s (a leader "
+            f"election, or too few of its servers are up for a quorum).{stored} Retry; check the cluster's nodes if "
+            "it persists."
+        )
+
+    async def _stream_problem(self, what: str, timeout_s: float) -> StreamConfigError | None:
+        """:class:`StreamConfigError` when the server says the stream does not exist or does not cover this store's
+        subjects; None when it exists as needed, or no answer came within ``timeout_s``."""
         stream, prefix = self._settings.stream, self._settings.subject_prefix
         try:
-            (reply,) = await self._inbox.request(
-                f"$JS.API.STREAM.INFO.{stream}", b"", self._settings.request_timeout_s, what=what
-            )
+            (reply,) = await self._inbox.request(f"$JS.API.STREAM.INFO.{stream}", b"", timeout_s, what=what)
             info = json.loads(reply.data) if reply.data else {}
         except (ServerUnavailableError, ValueError):
-            info = {}
+            return None
         code = (info.get("error") or {}).get("err_code")
         subjects = (info.get("config") or {}).get("subjects")
         if code == _STREAM_NOT_FOUND:
@@ -636,14 +667,7 @@ class Appender:
                 f"{what}: stream {stream!r} does not store subjects {prefix}.> (its subjects: {subjects}). Check "
                 "subject_prefix and stream, or create the stream with EventStore.ensure_stream()."
             )
-        stored = (
-            " An earlier send went unanswered and may have been stored: retry with the same idempotency key to find "
-            "out safely." if resent else " Nothing was stored by this call."
-        )
-        return ServerUnavailableError(
-            f"{what}: stream {stream!r} had no leader for {self._settings.request_timeout_s}s (a leader election, or "
-            f"too few of its servers are up for a quorum).{stored} Retry; check the cluster's nodes if it persists."
-        )
+        return None
 
     async def _unacknowledged_error(self, commits: list[_Commit], attempts: int) -> ServerUnavailableError:
         """The error of an append no send of which was answered.
@@ -684,8 +708,10 @@ class Appender:
             last = int(ack["seq"])
             return [last - len(commits) + 1 + i for i in range(len(commits))], bool(ack.get("duplicate"))
         code = error.get("err_code")
-        if code in (_WRONG_LAST_SEQUENCE, _WRONG_LAST_SEQUENCE_CLUSTERED):
+        if code == _WRONG_LAST_SEQUENCE:
             raise _Conflict
+        if code in _NOT_NOW:
+            raise _NotNow(_NOT_NOW[code])
         if code == _BATCH_DUPLICATE_MSG_ID:
             raise _Conflict(duplicate_id=True)
         description = error.get("description", "")
@@ -717,12 +743,6 @@ class Appender:
                 f"The server refused the atomic append to {commits[-1].request.stream_id} and "
                 f"{len(commits) - 1} other entities as incomplete: it lost part of the batch before the commit (it "
                 f"restarted, or could not stage the batch on its disk). {stored} Retry the append."
-            )
-        if code == _DUPLICATE_IN_PROCESS:
-            raise ServerUnavailableError(
-                f"The append to {commits[-1].request.stream_id} is still being stored by an earlier send: the stream's "
-                "leader has not yet replicated it to a quorum of its servers (too few of them are up, or they are "
-                "slow). It may yet be stored; retry with the same idempotency key to find out safely."
             )
         if code == _BATCH_TOO_MANY_INFLIGHT:
             raise ServerUnavailableError(

@@ -7,7 +7,10 @@ callback and hands the messages over in whole batches. It checks the
 consumer's delivery sequence on every message; after a gap, a missed
 heartbeat, a server restart or a lost connection it deletes the consumer and
 creates a new one starting right after the last message it handed over, so the
-caller sees every message of the range exactly once and in order.
+caller sees every message of the range exactly once and in order. A live read
+does the same when it has been quiet a while although the stream's leader has a
+message for it (on a replicated stream, a consumer whose replica stopped
+delivering after a leader change).
 
 The server applies an atomic batch (``append_many``) one message at a time,
 and a consumer can deliver the part applied so far. So a live read never ends
@@ -35,7 +38,9 @@ from nats.aio.subscription import Subscription
 from .errors import ServerUnavailableError, map_nats_error, server_unavailable
 from .wire import Header
 
-__all__ = ["OrderedPull", "StoredMsg", "create_replay_consumer", "delete_consumer", "delete_consumer_later"]
+__all__ = [
+    "OrderedPull", "StoredMsg", "create_replay_consumer", "delete_consumer", "delete_consumer_later", "leader_has_message",
+]
 
 StoredMsg = tuple[int, Msg]
 """A stream message with its stream sequence."""
@@ -83,10 +88,7 @@ async def create_replay_consumer(
     expires after a minute.
     """
     what = what or f"Reading stream {stream!r}"
-    # Short: the name is in the reply subject of every message the consumer delivers.
-    name = secrets.token_urlsafe(9)
     config: dict[str, object] = {
-        "name": name,
         "deliver_policy": "by_start_sequence",
         "opt_start_seq": start_seq,
         "ack_policy": "none",
@@ -99,17 +101,19 @@ async def create_replay_consumer(
         config["filter_subject"] = filter_subjects[0]
     elif filter_subjects:
         config["filter_subjects"] = list(filter_subjects)
-    subject = f"{api_prefix}.CONSUMER.CREATE.{stream}.{name}"
-    body = json.dumps({"stream_name": stream, "config": config}).encode()
     deadline = None if give_up_s is None else time.monotonic() + give_up_s
     delay = 0.05
-    # Short tries: a clustered JetStream drops API requests while it elects a meta leader, so one long wait
-    # would outlast the election without ever being answered. The consumer's name makes a resend idempotent.
-    try_s = max(0.5, api_timeout_s / 4)
     while True:
+        # A new name per try: on a cluster the meta leader may have placed an unanswered try's consumer on a
+        # replica that is down, and a retry under that name would wait for that replica. Short: the name is in
+        # the reply subject of every message the consumer delivers.
+        name = secrets.token_urlsafe(9)
+        body = json.dumps({"stream_name": stream, "config": {**config, "name": name}}).encode()
+        # At least two tries fit in api_timeout_s (the one after an unanswered one goes elsewhere, see above).
+        try_s = max(1.0, api_timeout_s / 2)
         timeout_s = try_s if deadline is None else min(try_s, max(0.05, deadline - time.monotonic()))
         try:
-            reply = await nc.request(subject, body, timeout=timeout_s)
+            reply = await nc.request(f"{api_prefix}.CONSUMER.CREATE.{stream}.{name}", body, timeout=timeout_s)
             info: dict[str, object] = json.loads(reply.data)
             if "error" in info:
                 raise ServerUnavailableError(
@@ -117,6 +121,7 @@ async def create_replay_consumer(
                 )
             return name, info
         except Exception as exc:  # noqa: BLE001 - server down or restarting: retry until give_up_s
+            delete_consumer_later(nc, stream, name, api_prefix=api_prefix)  # if the unanswered try created it
             if should_stop():
                 raise
             if deadline is not None and time.monotonic() + delay > deadline:
@@ -138,6 +143,44 @@ def _split_unfinished_batch(msgs: list[StoredMsg]) -> tuple[list[StoredMsg], lis
     while cut > 0 and (msgs[cut - 1][1].headers or {}).get(Header.BATCH_ID) == batch_id:
         cut -= 1
     return msgs[:cut], msgs[cut:]
+
+
+async def leader_has_message(
+    nc: NATS,
+    stream: str,
+    from_seq: int,
+    filter_subjects: Sequence[str],
+    *,
+    timeout_s: float,
+    api_prefix: str = "$JS.API",
+    must_answer: str | None = None,
+) -> int | None:
+    """The sequence of the first message at or after ``from_seq`` on one of ``filter_subjects`` (all subjects when
+    empty), as the stream's leader knows it; None when there is none, or nobody answered within ``timeout_s``.
+
+    A message get (not a direct get) is answered by the leader: on a replicated
+    stream a follower's copy, and a consumer placed on it, may lag. With
+    ``must_answer`` (the operation, e.g. "Reading stream 'events'"), no answer
+    raises :class:`ServerUnavailableError` naming it instead of counting as none.
+    """
+    found: list[int] = []
+    for subject in filter_subjects or [">"]:
+        body = json.dumps({"seq": from_seq, "next_by_subj": subject}).encode()
+        try:
+            with map_nats_error(must_answer or "Asking the stream leader", timeout_s):
+                reply = await nc.request(f"{api_prefix}.STREAM.MSG.GET.{stream}", body, timeout=timeout_s)
+            answer = json.loads(reply.data)
+        except (ServerUnavailableError, ValueError):
+            if must_answer:
+                raise
+            continue  # no leader just now, or a lost connection: unknown, not an error
+        error = answer.get("error")
+        if must_answer and error is not None and error.get("code") != 404:
+            raise ServerUnavailableError(f"{must_answer}: JetStream answered {error.get('description')!r}.")
+        seq = (answer.get("message") or {}).get("seq")
+        if isinstance(seq, int):
+            found.append(seq)
+    return min(found, default=None)
 
 
 class OrderedPull:
@@ -179,6 +222,7 @@ class OrderedPull:
         self._heartbeat_s = heartbeat_s
         self._api_timeout_s = api_timeout_s
         self._give_up_s = give_up_s if give_up_s is not None else (None if live else api_timeout_s)
+        self._stall_s = max(heartbeat_s * 5, 2.0)
         self._api = api_prefix
         self._inbox = nc.new_inbox()
         self._sub: Subscription | None = None
@@ -190,6 +234,7 @@ class OrderedPull:
         self._wake = asyncio.Event()
         self._reset = False
         self._last_activity = 0.0
+        self._last_data = 0.0  # when the consumer last delivered (or was created, or the leader was asked)
         self._closed = False
         self._held: list[StoredMsg] = []  # the end of an atomic batch not yet seen whole (live reads)
 
@@ -211,6 +256,7 @@ class OrderedPull:
             self._wake.set()
             return
         self._last_dseq = dseq
+        self._last_data = self._last_activity
         self._pending = pending
         self.next_seq = sseq + 1
         self._buffer.append((sseq, msg))
@@ -251,7 +297,7 @@ class OrderedPull:
         self._pending = int(num_pending) if isinstance(num_pending, int) else None
         self._requests.clear()
         self._reset = False
-        self._last_activity = time.monotonic()
+        self._last_activity = self._last_data = time.monotonic()
 
     async def _request_more(self) -> None:
         expires_s = max(self._heartbeat_s * 5, 2.0)
@@ -271,24 +317,14 @@ class OrderedPull:
 
         On a replicated stream nats-server places a one-replica consumer on any
         current peer of the stream, whose copy may lag the leader's: "nothing
-        pending" there does not end a read that must reach ``stop_seq``. A
-        message get (not a direct get) is answered by the leader.
+        pending" there does not end a read that must reach ``stop_seq``.
         """
         assert self._stop_seq is not None
-        for subject in self._filters or [">"]:
-            body = json.dumps({"seq": self.next_seq, "next_by_subj": subject}).encode()
-            with map_nats_error(self._what, self._api_timeout_s):
-                reply = await self._nc.request(
-                    f"{self._api}.STREAM.MSG.GET.{self._stream}", body, timeout=self._api_timeout_s
-                )
-            answer = json.loads(reply.data)
-            error = answer.get("error")
-            if error is not None and error.get("code") != 404:
-                raise ServerUnavailableError(f"{self._what}: JetStream answered {error.get('description')!r}.")
-            seq = (answer.get("message") or {}).get("seq")
-            if isinstance(seq, int) and seq <= self._stop_seq:
-                return False
-        return True
+        seq = await leader_has_message(
+            self._nc, self._stream, self.next_seq, self._filters, timeout_s=self._api_timeout_s, api_prefix=self._api,
+            must_answer=self._what,
+        )
+        return seq is None or seq > self._stop_seq
 
     async def batches(self) -> AsyncIterator[list[StoredMsg]]:
         """Yield lists of (sequence, message) in sequence order until the read is finished."""
@@ -331,8 +367,24 @@ class OrderedPull:
                         if self._held:  # quiet for heartbeat_s: the batch is whole, its commit filtered out
                             out, self._held = self._held, []
                             yield out
+                        elif self._live and time.monotonic() - self._last_data > self._stall_s:
+                            self._reset = await self._stalled()
         finally:
             await self.close()
+
+    async def _stalled(self) -> bool:
+        """Whether the stream's leader has a message for this read that the consumer has not delivered.
+
+        A live read on a replicated stream can go quiet while its consumer still
+        sends heartbeats: after a leader change the consumer (placed on one
+        replica) may stop delivering. Asked after ``_stall_s`` of quiet, at most
+        once per ``_stall_s`` (an idle subscriber costs one message get then).
+        """
+        self._last_data = time.monotonic()
+        seq = await leader_has_message(
+            self._nc, self._stream, self.next_seq, self._filters, timeout_s=self._api_timeout_s, api_prefix=self._api
+        )
+        return seq is not None and seq >= self.next_seq  # not delivered while the leader was asked
 
     async def close(self) -> None:
         """Delete the consumer and the subscription."""

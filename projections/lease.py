@@ -149,14 +149,11 @@ class Lease:
         """
         if not self.held:
             return False
-        try:
-            async with asyncio.timeout(self.request_timeout_s):
-                self.revision = await self.kv.update(self.key, self.owner.encode(), last=self.revision)
-            return True
-        except KeyWrongLastSequenceError:
-            log.warning("%s: lease lost; stopping work on it.", self.key)
-            self.lost.set()
-            return False
+        # As a renewal: a "wrong last sequence" is not proof of a loss (a keep-alive renewal landed first, or, on a
+        # replicated bucket, is still in flight: err_code 10164, which nats-py reports as that too); the key's
+        # owner decides.
+        await self._renew()
+        return not self.lost.is_set()
 
     async def _keep_alive(self, stopping: asyncio.Event) -> None:
         # The loop ends on its own flag, checked after every await: a cancellation alone can be lost inside a

@@ -84,6 +84,7 @@ _NS = 1_000_000_000
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _CONSUMER_NOT_FOUND = 10014
 _STREAM_NOT_FOUND = 10059
+_JS_UNAVAILABLE = 10008  # "JetStream system temporarily unavailable": no meta or stream leader just now
 _CONSUMER_EXISTS = (10013, 10148)  # "consumer name already in use", "consumer already exists"
 
 
@@ -379,18 +380,44 @@ class ReactorWorker:
         self._ready = True
 
     async def _api(self, subject: str, body: dict[str, object] | None = None) -> dict[str, Any]:
-        try:
-            reply = await self.store.nc.request(
-                f"$JS.API.{subject}", json.dumps(body or {}).encode(), timeout=self._api_timeout_s
-            )
-        except NoRespondersError as exc:
-            raise ServerUnavailableError(
-                f"JetStream did not answer {subject}: is JetStream enabled on the server (-js)?"
-            ) from exc
-        except (NatsError, asyncio.TimeoutError) as exc:
-            raise ServerUnavailableError(f"JetStream did not answer {subject} in time: {exc}") from exc
-        answer: dict[str, Any] = json.loads(reply.data)
-        return answer
+        """JetStream's answer to ``$JS.API.<subject>``, retried with backoff for up to ``request_timeout_s``.
+
+        On a cluster, the consumer's or the stream's leader answers; between two
+        of them (an election, a stepped-down or lost leader) nobody does (no
+        responders, a timeout) or the server says JetStream is "temporarily
+        unavailable" (err_code 10008). Reading or creating a consumer is safe to
+        repeat. Still unanswered at the deadline: :class:`ServerUnavailableError`.
+        """
+        data = json.dumps(body or {}).encode()
+        backoff = Backoff(f"reactor {self.reactor.name}: {subject}", log, first_s=0.05, cap_s=1.0)
+        deadline = time.monotonic() + self._api_timeout_s
+        while True:
+            # Several tries fit the deadline: a request sent just before the connection's node died is never
+            # answered, and the one sent after the reconnect is.
+            timeout_s = max(0.05, min(max(1.0, self._api_timeout_s / 4), deadline - time.monotonic()))
+            failure: BaseException | str
+            try:
+                reply = await self.store.nc.request(f"$JS.API.{subject}", data, timeout=timeout_s)
+                answer: dict[str, Any] = json.loads(reply.data)
+                if (answer.get("error") or {}).get("err_code") != _JS_UNAVAILABLE:
+                    backoff.succeeded()
+                    return answer
+                failure = str(answer["error"].get("description"))
+            except (NatsError, asyncio.TimeoutError) as exc:
+                failure = exc
+            delay = backoff.failed(failure)
+            if time.monotonic() + delay >= deadline:
+                break
+            await asyncio.sleep(delay)
+        why = (
+            "JetStream did not answer (no responders)" if isinstance(failure, NoRespondersError)
+            else f"JetStream did not answer in {self._api_timeout_s}s ({failure or type(failure).__name__})"
+        )
+        raise ServerUnavailableError(
+            f"Reactor {self.reactor.name!r}: {why} to {subject}. On a cluster the stream or its consumer may have no "
+            "leader (an election, too few servers up for a quorum); else check that the server runs with JetStream "
+            "(-js). Retry."
+        )
 
     async def _ensure_consumer(self) -> None:
         name, stream = self.reactor.name, self._stream

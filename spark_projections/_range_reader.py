@@ -33,6 +33,7 @@ from eventstore import (
     delete_consumer_later,
 )
 from eventstore.connection import Connection
+from eventstore.consumer import leader_has_message
 from spark_projections._batches import EVENTS_SCHEMA, NATIVE, Commits, Converter, Frames, Part
 from spark_projections._options import Options
 from spark_projections.errors import EventSourceError
@@ -152,9 +153,12 @@ class RangePull:
                     out.append(part)
                     held += len(part)
                 if self._finished():
-                    if out:
-                        yield out
-                    return
+                    if self.next_seq <= self._stop and await self._leader_has_more():
+                        self._pending = None  # the consumer's replica lags the stream's leader: wait for it
+                    else:
+                        if out:
+                            yield out
+                        return
                 if held >= least:
                     yield out
                     out, held = [], 0
@@ -295,6 +299,19 @@ class RangePull:
 
     def _finished(self) -> bool:
         return self.next_seq > self._stop or self._pending == 0
+
+    async def _leader_has_more(self) -> bool:
+        """Whether the stream's leader has a message of the range the consumer says is not pending.
+
+        On a replicated stream the server places the one-replica consumer on any
+        replica, whose copy may lag the leader's: its "nothing pending" would
+        end the range short.
+        """
+        seq = await leader_has_message(
+            self._nc, self._opts.stream, self.next_seq, self._opts.filter_subjects,
+            timeout_s=self._opts.request_timeout_s,
+        )
+        return seq is not None and seq <= self._stop
 
     def _request_size(self) -> int:
         # Never ask for more than the range can still hold: a partition's consumer

@@ -14,7 +14,6 @@ import pytest
 from eventstore import (
     ANY,
     EmbeddedCluster,
-    EntityAppend,
     EventStore,
     RecordedEvent,
     ServerUnavailableError,
@@ -184,26 +183,3 @@ def _replica_last_seq(cluster: EmbeddedCluster, node: int, stream: str) -> int:
             if detail.get("name") == stream:
                 return int(detail["state"]["last_seq"])
     return -1
-
-
-async def test_read_all_delivers_every_event_once_in_order_across_a_leader_kill(cluster: EmbeddedCluster) -> None:
-    # request_timeout_s above an election's length: the read's consumer is recreated on the new meta leader.
-    settings = unique_settings(cluster.url, replicas=3, request_timeout_s=10.0)
-    async with await EventStore.connect(settings) as store:
-        store.registry.register(Step)
-        for start in range(0, 3000, 500):
-            await store.append_many(
-                [EntityAppend(StreamId(CATEGORY, f"r{i}"), [Step(command=f"c{i}", part=0, parts=1, entities=[f"r{i}"])], 0)
-                 for i in range(start, start + 500)]
-            )
-        last = await store.last_position()
-        positions: list[int] = []
-        killed = False
-        async for batch in store.read_all(batch=100):
-            positions.extend(e.position for e in batch)
-            if not killed and len(positions) >= 1000:
-                leader = await asyncio.to_thread(cluster.wait_for_stream_leader, settings.stream)
-                cluster.kill(leader)
-                killed = True
-        assert killed
-        assert positions == list(range(1, last + 1))
