@@ -53,6 +53,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition 
 from pyspark.sql.types import StructType  # noqa: E402
 
 from eventstore import EmbeddedServer, EventStore, EventStoreSettings, encode_commit  # noqa: E402
+from eventstore.jetstream import Commits  # noqa: E402
 from eventstore.connection import connect  # noqa: E402
 from spark_projections.delta import full_rebuild  # noqa: E402
 from spark_projections.projection import DataFrameProjection, rebuild  # noqa: E402
@@ -169,7 +170,7 @@ def read_rows(opts: Any, start: int, stop: int) -> Iterator[tuple[object, ...]]:
     skip = len(opts.subject_prefix) + 1
     streams: dict[bytes, tuple[str, str, str]] = {}
     for parts in _range_reader.range_parts(opts, start, stop, native=False):  # framed in Python: rows of bytes
-        rows = [row for part in parts if isinstance(part, _batches.Commits)
+        rows = [row for part in parts if isinstance(part, Commits)
                 for row in zip(part.positions, part.subjects, part.headers, part.bodies)]
         for seq, subject, raw, body in rows:
             h = dict(headers_re.findall(raw))

@@ -2,8 +2,9 @@
 
 If you are here to read the code, start with ``store.py`` (the :class:`EventStore`
 facade), then ``append.py`` (optimistic concurrency, idempotency, atomic
-commits), ``wire.py`` (the message layout), ``reading.py`` and ``consumer.py``
-(loading one entity, replaying the stream), ``server.py`` and ``cluster.py`` (the embedded
+commits), ``wire.py`` (the message layout), ``reading.py`` (loading one entity,
+replaying the stream), ``jetstream/`` (JetStream's API subjects and error
+codes, the ordered replay and its bulk-read connection), ``server.py`` and ``cluster.py`` (the embedded
 nats-server, and a cluster of them), ``security.py`` and ``connection.py`` (credentials, TLS, and the
 nats-py connection), ``validation.py`` (the public arguments' checks),
 ``stream_check.py`` (which stream settings keep acknowledged events),
@@ -13,7 +14,6 @@ nats-py connection), ``validation.py`` (the public arguments' checks),
 
 from .append import MAX_ENTITIES_PER_APPEND, EntityAppend
 from .cluster import EmbeddedCluster
-from .consumer import OrderedPull, create_replay_consumer, delete_consumer, delete_consumer_later
 from .errors import (
     AuthenticationError,
     ConcurrencyError,
@@ -29,6 +29,7 @@ from .errors import (
     UnknownEventTypeError,
 )
 from .events import ANY, NO_STREAM, AppendResult, ExpectedVersion, RecordedEvent, StreamState
+from .reading import Replayed, StoredMessage
 from .registry import TypeRegistry, Upcaster
 from .security import ConnectionSecurity, connect_options
 from .server import EmbeddedServer, find_nats_server
@@ -61,10 +62,11 @@ __all__ = [
     "InvalidStreamIdError",
     "MAX_ENTITIES_PER_APPEND",
     "NO_STREAM",
-    "OrderedPull",
     "Outage",
     "Pending",
     "RecordedEvent",
+    "Replayed",
+    "StoredMessage",
     "ServerUnavailableError",
     "StorageError",
     "StoreInfo",
@@ -75,11 +77,8 @@ __all__ = [
     "UnknownEventTypeError",
     "Upcaster",
     "connect_options",
-    "create_replay_consumer",
     "decode_commit",
     "decode_entity_id",
-    "delete_consumer",
-    "delete_consumer_later",
     "encode_commit",
     "encode_entity_id",
     "find_nats_server",

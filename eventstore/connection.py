@@ -27,43 +27,13 @@ from nats.errors import SecureConnWantedError
 
 from .errors import AuthenticationError
 from .security import redact_url
+from .wire import parse_header_lines
 
 __all__ = ["Connection", "connect", "parse_header_lines"]
 
 log = logging.getLogger("jetsourcing.eventstore")
 
 _CLOSE_AFTER_FAILURE_S = 0.5
-
-
-_ASCII_SPACE = " \t\n\r\x0b\x0c"  # what bytes.strip() strips
-
-
-def parse_header_lines(raw: bytes) -> dict[str, str]:
-    """Parse a NATS header block (``Name: Value\\r\\n`` lines) exactly as nats-py does, faster."""
-    if raw.isascii():
-        # The common case (a direct get reply carries a dozen headers): one decode for the whole block.
-        fields: dict[str, str] = {}
-        for text in raw.decode("ascii").split("\r\n"):
-            label, colon, content = text.partition(":")
-            label = label.strip(_ASCII_SPACE)
-            if colon and (not label or label.split() == [label]):  # as nats-py: no whitespace inside
-                fields[label] = content.strip(_ASCII_SPACE)
-        return fields
-    out: dict[str, str] = {}
-    for line in raw.split(b"\r\n"):
-        name, sep, value = line.partition(b":")
-        if not sep:
-            continue
-        try:
-            key = name.strip().decode("ascii")
-        except UnicodeDecodeError:
-            continue
-        # str.split() splits on exactly the characters str.isspace() accepts,
-        # so this drops names with whitespace inside, as nats-py does.
-        if key and key.split() != [key]:
-            continue
-        out[key] = value.strip().decode("utf-8", "replace")
-    return out
 
 
 def _hopeless(exc: Exception) -> str | None:

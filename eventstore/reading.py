@@ -18,42 +18,74 @@
   for the entity's last position (a message get, which only the leader
   answers), and reads up to it: with the walk when the replica that answers
   has it, else through an ordered consumer that waits for its replica.
-* :meth:`Reader.read_all` and :meth:`Reader.subscribe` replay the stream in
-  order with :class:`~eventstore.consumer.OrderedPull`.
+* :meth:`Reader.replay` (and :meth:`Reader.read_all`, :meth:`Reader.subscribe`
+  on it) replays the stream in order with
+  :class:`~eventstore.jetstream.replay.OrderedReplay` over the store's bulk-read
+  connection, and decodes what it yields here, once for every reader.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
+from typing import NamedTuple
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js.errors import NotFoundError
 
 from .append import Appender
-from .consumer import OrderedPull, StoredMsg
 from .errors import map_nats_error
+from .jetstream.replay import Commits, OrderedReplay, Part
+from .jetstream.transport import SharedConnection
 from .events import RecordedEvent
 from .registry import TypeRegistry
 from .settings import EventStoreSettings
 from .streams import StreamId, filter_subjects
-from .wire import Header, decode_commit
+from .wire import Header, decode_commit, parse_header_lines
 
-__all__ = ["Reader"]
+__all__ = ["Reader", "Replayed", "StoredMessage"]
 
+_MAX_CACHED_STREAMS = 100_000
+
+
+class Replayed(NamedTuple):
+    """One batch of a replay: its events, the last position it covers, and how many events it skipped.
+
+    ``last_position`` covers the skipped events too: a checkpoint there never
+    replays them. ``skipped`` counts the events left out because their type is
+    not among the replay's ``types``.
+    """
+
+    events: list[RecordedEvent]
+    last_position: int
+    skipped: int
+
+
+
+class StoredMessage(NamedTuple):
+    """One message of a stream as stored: its position (stream sequence), subject, headers and body."""
+
+    position: int
+    subject: str
+    headers: dict[str, str]
+    data: bytes
 
 
 class Reader:
     """Reads commits back as :class:`RecordedEvent` objects; one per event store connection."""
 
-    def __init__(self, nc: NATS, appender: Appender, settings: EventStoreSettings, registry: TypeRegistry) -> None:
+    def __init__(
+        self, nc: NATS, appender: Appender, settings: EventStoreSettings, registry: TypeRegistry,
+        replays: SharedConnection,
+    ) -> None:
         self._nc = nc
+        self._replays = replays
         self._appender = appender
         self._settings = settings
         self._registry = registry
         self._prefix = settings.subject_prefix
         # Subjects seen while replaying, so each entity's StreamId is parsed once.
-        self._streams: dict[str, StreamId] = {}
+        self._streams: dict[bytes, StreamId] = {}
 
     def filter_subjects(self, categories: Sequence[str] | None) -> list[str]:
         """The subject filters for ``categories`` (all events when None)."""
@@ -96,11 +128,9 @@ class Reader:
             if msgs and int((msgs[-1].headers or {})[Header.SEQUENCE]) >= last:
                 self._decode_commits(stream_id, msgs, events)
             else:
-                pull = OrderedPull(self._nc, self._settings.stream, start_seq=from_position, filter_subjects=[subject],
-                                   stop_seq=last, api_timeout_s=timeout_s, what=f"Reading {stream_id}")
-                async for batch in pull.batches():
-                    for seq, msg in batch:
-                        events.extend(decode_commit(stream_id, seq, msg.headers, msg.data, self._registry))
+                pull = self._replay(from_position, last, [subject], what=f"Reading {stream_id}")
+                async for parts in pull.batches():
+                    events += self._decode(parts, None)[0]
                 if events:
                     self._appender.remember(stream_id, events[-1].version, events[-1].position)
         else:
@@ -116,6 +146,63 @@ class Reader:
             headers = msg.headers or {}
             events.extend(decode_commit(stream_id, int(headers[Header.SEQUENCE]), headers, msg.data, self._registry))
 
+    def _replay(
+        self, start: int, stop: int | None, filters: Sequence[str], *, live: bool = False, batch: int = 1000,
+        heartbeat_s: float = 1.0, what: str | None = None,
+    ) -> OrderedReplay:
+        return OrderedReplay(
+            self._replays.get, self._settings.stream, start_seq=start, stop_seq=stop, filter_subjects=filters,
+            live=live, batch=batch, heartbeat_s=heartbeat_s, api_timeout_s=self._settings.request_timeout_s, what=what,
+        )
+
+    async def replay(
+        self,
+        *,
+        from_position: int = 1,
+        to_position: int | None = None,
+        categories: Sequence[str] | None = None,
+        live: bool = False,
+        batch: int = 1000,
+        heartbeat_s: float = 1.0,
+        types: Collection[str] | None = None,
+    ) -> AsyncIterator[Replayed]:
+        """The stream's events from ``from_position`` in order, in batches, each event exactly once.
+
+        Up to ``to_position`` (default: the last position at the start), or
+        forever when ``live``. With ``types``, events of other types are
+        skipped undecoded (counted in :attr:`Replayed.skipped`).
+        """
+        if not live:
+            if to_position is None:
+                to_position = await self.last_position()
+            if to_position < from_position:
+                return
+        what = None if live else f"Reading the stream from position {from_position}"
+        pull = self._replay(from_position, None if live else to_position, self.filter_subjects(categories), live=live,
+                            batch=batch, heartbeat_s=heartbeat_s, what=what)
+        handled = None if types is None else frozenset(types)
+        async for parts in pull.batches():
+            events, skipped = self._decode(parts, handled)
+            yield Replayed(events, parts[-1].position_list()[-1], skipped)
+
+    async def read_messages(
+        self, stream: str, *, to_position: int, filter_subjects: Sequence[str] = ()
+    ) -> AsyncIterator[list[StoredMessage]]:
+        """The messages of another stream on this server (a dead-letter stream, say), in order, up to ``to_position``."""
+        pull = OrderedReplay(
+            self._replays.get, stream, stop_seq=to_position, filter_subjects=filter_subjects,
+            api_timeout_s=self._settings.request_timeout_s, what=f"Reading stream {stream!r}",
+        )
+        async for parts in pull.batches():
+            out: list[StoredMessage] = []
+            for part in parts:
+                assert isinstance(part, Commits)  # no native scanner here
+                out += [
+                    StoredMessage(seq, subject.decode(), parse_header_lines(block), body)
+                    for seq, subject, block, body in zip(part.positions, part.subjects, part.headers, part.bodies)
+                ]
+            yield out
+
     async def read_all(
         self,
         *,
@@ -125,16 +212,10 @@ class Reader:
         batch: int = 1000,
     ) -> AsyncIterator[list[RecordedEvent]]:
         """Every event from ``from_position`` to ``to_position`` (default: the last at the start), in batches."""
-        if to_position is None:
-            to_position = await self.last_position()
-        if to_position < from_position:
-            return
-        pull = OrderedPull(self._nc, self._settings.stream, start_seq=from_position, stop_seq=to_position,
-                           filter_subjects=self.filter_subjects(categories), batch=batch,
-                           api_timeout_s=self._settings.request_timeout_s,
-                           what=f"Reading the stream from position {from_position}")
-        async for stored in pull.batches():
-            yield self._decode_batch(stored)
+        async for replayed in self.replay(
+            from_position=from_position, to_position=to_position, categories=categories, batch=batch
+        ):
+            yield replayed.events
 
     async def subscribe(
         self,
@@ -149,23 +230,35 @@ class Reader:
         Survives server restarts and lost connections: it resumes right after
         the last event it yielded, with no gap and no duplicate.
         """
-        pull = OrderedPull(self._nc, self._settings.stream, start_seq=from_position, live=True,
-                           filter_subjects=self.filter_subjects(categories), batch=batch,
-                           heartbeat_s=heartbeat_s, api_timeout_s=self._settings.request_timeout_s)
-        async for stored in pull.batches():
-            yield self._decode_batch(stored)
+        async for replayed in self.replay(
+            from_position=from_position, categories=categories, live=True, batch=batch, heartbeat_s=heartbeat_s
+        ):
+            yield replayed.events
 
-    def _decode_batch(self, stored: list[StoredMsg]) -> list[RecordedEvent]:
+    def _decode(self, parts: list[Part], handled: frozenset[str] | None) -> tuple[list[RecordedEvent], int]:
+        """The events of ``parts`` (commits framed in Python), and how many were skipped for their type."""
         out: list[RecordedEvent] = []
-        registry, streams = self._registry, self._streams
-        for seq, msg in stored:
-            stream_id = streams.get(msg.subject)
-            if stream_id is None:
-                if len(streams) > 100_000:
-                    streams.clear()
-                stream_id = streams[msg.subject] = StreamId.from_subject(msg.subject, self._prefix)
-            out.extend(decode_commit(stream_id, seq, msg.headers, msg.data, registry))
-        return out
+        skipped = 0
+        registry, streams, prefix = self._registry, self._streams, self._prefix
+        type_header = Header.TYPE
+        for part in parts:
+            assert isinstance(part, Commits)  # this reader plugs in no native scanner
+            for seq, subject, block, body in zip(part.positions, part.subjects, part.headers, part.bodies):
+                headers = parse_header_lines(block)
+                if handled is not None:
+                    types = headers.get(type_header)
+                    if types is not None and types not in handled:
+                        names = types.split(",")
+                        if not any(name in handled for name in names):
+                            skipped += len(names)
+                            continue
+                stream_id = streams.get(subject)
+                if stream_id is None:
+                    if len(streams) >= _MAX_CACHED_STREAMS:
+                        streams.clear()
+                    stream_id = streams[subject] = StreamId.from_subject(subject.decode(), prefix)
+                out.extend(decode_commit(stream_id, seq, headers, body, registry))
+        return out, skipped
 
     async def last_position(self) -> int:
         """The stream's last position (0 when empty), as the stream leader knows it; never inside an atomic batch.

@@ -22,7 +22,7 @@ import contextlib
 import json
 import logging
 import math
-from collections.abc import AsyncIterator, Coroutine, Generator, Sequence
+from collections.abc import AsyncIterator, Collection, Coroutine, Generator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from types import TracebackType
@@ -40,7 +40,8 @@ from .connection import connect as connect_nats
 from .errors import AuthenticationError, InvalidArgumentError, ServerUnavailableError, StreamConfigError, map_nats_error
 from .events import ANY, AppendResult, ExpectedVersion, RecordedEvent, StreamState
 from .inbox import Inbox
-from .reading import Reader
+from .jetstream.transport import SharedConnection
+from .reading import Reader, Replayed, StoredMessage
 from .registry import TypeRegistry
 from .server import EmbeddedServer
 from .settings import EventStoreSettings
@@ -147,8 +148,20 @@ class EventStore:
         self.server = server
         self._inbox = Inbox(nc)
         self._appender = Appender(nc, self._inbox, self.settings, self.registry)
-        self._reader = Reader(nc, self._appender, self.settings, self.registry)
+        self._replays = SharedConnection(
+            self._servers, self.settings, self.settings.request_timeout_s, f"{self.settings.connect_name}-replay"
+        )
+        self._reader = Reader(nc, self._appender, self.settings, self.registry, self._replays)
         self._connection_log: _ConnectionLog | None = None  # set by connect(), which owns the callbacks
+
+    def _servers(self) -> list[str]:
+        """Where the bulk-read connection of replays goes: the configured servers, else where ``nc`` is connected."""
+        if self.settings.nats_url:
+            return [url.strip() for url in self.settings.nats_url.split(",")]
+        if self.server is not None:
+            return [self.server.url]
+        connected = self.nc.connected_url
+        return [connected.geturl()] if connected is not None else []
 
     # -- lifecycle ----------------------------------------------------------
 
@@ -234,6 +247,7 @@ class EventStore:
         """
         if self._connection_log is not None:
             self._connection_log.closing = True
+        self._replays.close()
         await self._inbox.close()
         timeout_s = self.settings.request_timeout_s
         if not self.nc.is_closed:
@@ -467,6 +481,51 @@ class EventStore:
         check_int("batch", batch, 1, _MAX_BATCH)
         return self._reader.read_all(
             from_position=from_position, to_position=to_position, categories=categories, batch=batch
+        )
+
+    def read_messages(
+        self, stream: str, *, to_position: int, filter_subjects: Sequence[str] = ()
+    ) -> AsyncIterator[list[StoredMessage]]:
+        """Every message of ``stream`` (another stream on this server: a dead-letter stream, say) matching
+        ``filter_subjects``, in order, exactly once, up to ``to_position``, in batches."""
+        if not isinstance(stream, str) or not stream or any(c in stream for c in " .*>\t\r\n"):
+            raise InvalidArgumentError(f"stream must be a JetStream stream name (no spaces, '.', '*' or '>'), not {stream!r}.")
+        check_int("to_position", to_position, 0, what="a position")
+        return self._reader.read_messages(stream, to_position=to_position, filter_subjects=list(filter_subjects))
+
+    def replay(
+        self,
+        *,
+        from_position: int = 1,
+        to_position: int | None = None,
+        categories: Sequence[str] | None = None,
+        live: bool = False,
+        batch: int = 1000,
+        heartbeat_s: float = 1.0,
+        types: Collection[str] | None = None,
+    ) -> AsyncIterator[Replayed]:
+        """The stream's events in global order, in batches, each event exactly once: what projections read.
+
+        Up to ``to_position`` (default: the last position at the start), or,
+        with ``live``, forever (surviving server restarts, as :meth:`subscribe`).
+        With ``types``, events of other types are skipped without being
+        decoded and counted in :attr:`Replayed.skipped`; every batch says the
+        last position it covers. Arguments are checked at the call, as for
+        :meth:`read_all` and :meth:`subscribe`.
+        """
+        check_int("from_position", from_position, 1, what="a position")
+        check_optional_int("to_position", to_position, 0, what="a position")
+        check_categories(categories)
+        check_bool("live", live)
+        check_int("batch", batch, 1, _MAX_BATCH)
+        check_seconds("heartbeat_s", heartbeat_s, 0.05, 3600.0)
+        if types is not None and (isinstance(types, str) or not all(isinstance(t, str) for t in types)):
+            raise InvalidArgumentError(
+                f"types must be a collection of event type names (str), not {types!r}: e.g. types={{'Deposited'}}."
+            )
+        return self._reader.replay(
+            from_position=from_position, to_position=to_position, categories=categories, live=live, batch=batch,
+            heartbeat_s=heartbeat_s, types=types,
         )
 
     def subscribe(

@@ -59,6 +59,7 @@ __all__ = [
     "escape_key",
     "header_block_size",
     "msg_id",
+    "parse_header_lines",
     "utc_now_text",
 ]
 
@@ -287,3 +288,34 @@ def decode_commit(
         ]
     except (KeyError, ValueError) as exc:
         raise EventDecodeError(f"Malformed commit at position {position} on {stream_id}: {exc}") from exc
+
+
+_ASCII_SPACE = " \t\n\r\x0b\x0c"  # what bytes.strip() strips
+
+
+def parse_header_lines(raw: bytes) -> dict[str, str]:
+    """Parse a NATS header block (``Name: Value\\r\\n`` lines) exactly as nats-py does, faster."""
+    if raw.isascii():
+        # The common case (a direct get reply carries a dozen headers): one decode for the whole block.
+        fields: dict[str, str] = {}
+        for text in raw.decode("ascii").split("\r\n"):
+            label, colon, content = text.partition(":")
+            label = label.strip(_ASCII_SPACE)
+            if colon and (not label or label.split() == [label]):  # as nats-py: no whitespace inside
+                fields[label] = content.strip(_ASCII_SPACE)
+        return fields
+    out: dict[str, str] = {}
+    for line in raw.split(b"\r\n"):
+        name, sep, value = line.partition(b":")
+        if not sep:
+            continue
+        try:
+            key = name.strip().decode("ascii")
+        except UnicodeDecodeError:
+            continue
+        # str.split() splits on exactly the characters str.isspace() accepts,
+        # so this drops names with whitespace inside, as nats-py does.
+        if key and key.split() != [key]:
+            continue
+        out[key] = value.strip().decode("utf-8", "replace")
+    return out

@@ -41,7 +41,7 @@ from typing import Any, TypeVar
 
 from nats.js.kv import KeyValue
 
-from eventstore import EventStore, RecordedEvent, stop_task
+from eventstore import EventStore, RecordedEvent, Replayed, stop_task
 
 from .applier import Applier, Counters, error_report
 from .connection import connect_event_store, lease_key
@@ -51,7 +51,6 @@ from .progress import progress_for
 from .projection import Projection
 from .rebuild import rebuild
 from .settings import ProjectionSettings
-from .source import EventBatch, EventSource
 from .sqlite import SqliteStore
 from .store import Generation, ReadModelStore, RunState, Writer
 
@@ -217,11 +216,14 @@ class ProjectionRunner:
 
     # -- following ------------------------------------------------------------
 
-    def _source(self, writer: Writer, target: int | None) -> AsyncIterator[EventBatch]:
-        source = EventSource(self.es, self.projection.categories, self.projection.handled_types)
+    def _source(self, writer: Writer, target: int | None) -> AsyncIterator[Replayed]:
+        """The projection's events after the checkpoint: up to ``target``, or live; unhandled types undecoded."""
+        p = self.projection
         if target is not None:
-            return source.batches(writer.checkpoint + 1, to_position=target, batch=self.settings.batch_size)
-        return source.batches(writer.checkpoint + 1, live=True, batch=self.settings.batch_size,
+            return self.es.replay(from_position=writer.checkpoint + 1, to_position=target, categories=p.categories,
+                                  types=p.handled_types, batch=self.settings.batch_size)
+        return self.es.replay(from_position=writer.checkpoint + 1, live=True, categories=p.categories,
+                              types=p.handled_types, batch=self.settings.batch_size,
                               heartbeat_s=self.settings.heartbeat_s)
 
     async def _follow(self, store: ReadModelStore, writer: Writer, lease: Lease) -> Outcome | None:
@@ -230,7 +232,7 @@ class ProjectionRunner:
         if target is not None:
             log.info("%s: catching up from %d to %d (burst mode).", self.name, writer.checkpoint, target)
         source = self._source(writer, target)
-        next_batch: asyncio.Task[EventBatch] | None = None
+        next_batch: asyncio.Task[Replayed] | None = None
         stop_wait = asyncio.ensure_future(self.stop_event.wait())
         lost_wait = asyncio.ensure_future(lease.lost.wait())
         interval = self.settings.status_interval_s

@@ -29,7 +29,7 @@ from nats.errors import Error as NatsError
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import NotFoundError
 
-from eventstore import EventStore, EventStoreError, EventStoreSettings, OrderedPull, RecordedEvent, StreamId
+from eventstore import EventStore, EventStoreError, EventStoreSettings, RecordedEvent, StreamId
 from eventstore.wire import decode_commit, utc_now_text
 
 from .reactor_errors import DeadLetterStreamError
@@ -214,23 +214,18 @@ async def read_reactor_dead_letters(store: EventStore, reactor: str | None = Non
         return []
     if not info.state.messages:
         return []
-    pull = OrderedPull(
-        store.nc,
-        name,
-        filter_subjects=[dead_letter_subject(settings, reactor)],
-        stop_seq=info.state.last_seq,
-        api_timeout_s=settings.request_timeout_s,
-    )
     letters: list[ReactorDeadLetter] = []
-    async for batch in pull.batches():
-        for seq, msg in batch:
-            headers = dict(msg.headers or {})
+    pages = store.read_messages(
+        name, to_position=info.state.last_seq or 0, filter_subjects=[dead_letter_subject(settings, reactor)]
+    )
+    async for page in pages:
+        for seq, _, headers, data in page:
             position = int(headers.get(DeadLetterHeader.POSITION, "0"))
             subject = headers.get(DeadLetterHeader.SUBJECT, "")
             events: tuple[RecordedEvent, ...] = ()
             try:
                 stream_id = StreamId.from_subject(subject, settings.subject_prefix)
-                events = tuple(decode_commit(stream_id, position, headers, msg.data, store.registry))
+                events = tuple(decode_commit(stream_id, position, headers, data, store.registry))
             except EventStoreError:
                 pass  # an undecodable commit: the raw headers and data are kept
             letters.append(
@@ -245,7 +240,7 @@ async def read_reactor_dead_letters(store: EventStore, reactor: str | None = Non
                     dlq_position=seq,
                     events=events,
                     headers=headers,
-                    data=msg.data,
+                    data=data,
                 )
             )
     return letters

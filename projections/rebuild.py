@@ -47,7 +47,6 @@ from .lease import Lease, new_owner_id, open_lease_bucket
 from .progress import NoProgress, ProgressReporter
 from .projection import Projection
 from .settings import ProjectionSettings
-from .source import EventSource
 from .sqlite import SqliteStore
 from .store import ReadModelStore, Writer
 
@@ -189,14 +188,15 @@ async def _rebuild(
     writer = rm.writer(shadow, owner)
     counters = Counters()
     applier = Applier(projection, writer, settings.error_policy or projection.error_policy, counters)
-    source = EventSource(es, projection.categories, projection.handled_types)
     batch = settings.rebuild_batch_size
     progress.start(target, writer.checkpoint)
     switched = False
     try:
         upto = target
         while True:
-            async for events in source.batches(writer.checkpoint + 1, to_position=upto, batch=batch):
+            async for events in es.replay(from_position=writer.checkpoint + 1, to_position=upto,
+                                          categories=projection.categories, types=projection.handled_types,
+                                          batch=batch):
                 if lease.lost.is_set():
                     raise RebuildError(f"The rebuild lease of {projection.name!r} was lost; abandoning the rebuild.")
                 if stop.is_set():

@@ -21,6 +21,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
 
 from eventstore import EventDecodeError, Header, decode_entity_id
+from eventstore.jetstream import Commits
 
 try:
     from spark_projections import _frames
@@ -51,36 +52,6 @@ it, so ``(position, index)`` is unique and orders events globally; ``stream_id``
 is ``"Category/entity-id"``; ``version`` the entity's version after the event;
 ``recorded_at`` a UTC timestamp; ``payload`` the event's stored JSON.
 """
-
-
-@dataclass
-class Commits:
-    """Stored commits as read, column by column: stream sequences, subjects, header blocks, bodies."""
-
-    positions: list[int] = field(default_factory=list)
-    subjects: list[bytes] = field(default_factory=list)
-    headers: list[bytes] = field(default_factory=list)
-    bodies: list[bytes] = field(default_factory=list)
-
-    def __len__(self) -> int:
-        return len(self.positions)
-
-    def extend(self, other: Commits) -> None:
-        self.positions += other.positions
-        self.subjects += other.subjects
-        self.headers += other.headers
-        self.bodies += other.bodies
-
-    def position_list(self) -> Sequence[int]:
-        return self.positions
-
-    def head(self, keep: int) -> Commits:
-        """The first ``keep`` commits."""
-        return Commits(self.positions[:keep], self.subjects[:keep], self.headers[:keep], self.bodies[:keep])
-
-    def where(self, i: int) -> str:
-        """Where commit ``i`` is stored, for error messages."""
-        return f"position {self.positions[i]} on {self.subjects[i].decode(errors='replace')}"
 
 
 # Columns of the native scanner's views, in its order (see _frames.c).

@@ -25,11 +25,11 @@ How a read runs:
   sequence *at planning time*, so every action re-plans; pin it for repeatable
   reads) and cuts the range into ``partitions`` equal sequence ranges.
 * **Reading** (``read()``, in the executors): each partition opens its own NATS
-  connection and reads its range with an ephemeral ordered pull consumer, the
-  protocol of the event store's :class:`~eventstore.OrderedPull` (in order,
-  delivery sequence checked on every message, a fresh consumer after a gap, a
-  deleted consumer, missed heartbeats or a server restart; the category filter
-  is applied by the server, so positions have gaps). An asyncio loop private to
+  connection and reads its range with the event store's ordered replay
+  (:class:`eventstore.jetstream.OrderedReplay`: in order, delivery sequence
+  checked on every message, a fresh consumer after a gap, a deleted consumer,
+  missed heartbeats or a server restart; the category filter is applied by
+  the server, so positions have gaps). An asyncio loop private to
   the task drives it. Each pulled batch becomes one Arrow record batch built
   with vectorised Arrow kernels. Works the same on ``local[*]`` and on a
   cluster whose executors can reach the NATS servers.
@@ -37,9 +37,8 @@ How a read runs:
 Speed: replaying through nats-py message objects costs about 18 us of client
 CPU per event (header dicts, one callback, queue and Msg per message), which
 caps one partition at some 50k events/s. Here the partition's connection
-(``_range_reader.ReadConnection``) takes whole socket reads (up to 256 KiB)
-without copying them, and its parser hands each run of the consumer's
-messages to a small C scanner (``spark_projections/_frames.c``, compiled by
+(``eventstore.jetstream.BulkConnection``) frames whole socket reads (up to
+256 KiB) and hands each run of the consumer's messages to a small C scanner (``spark_projections/_frames.c``, compiled by
 the install): it checks every frame (our subscription and consumer,
 consecutive consumer sequences, the subject layout, each required ``Es-*``
 header once) and cuts out the subject's category and entity, the header
@@ -78,7 +77,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
 from eventstore import EventStoreSettings, ServerUnavailableError
-from eventstore.errors import map_nats_error
+from eventstore.jetstream import Subjects
 from spark_projections._batches import EVENTS_SCHEMA
 from spark_projections._options import DEFAULT_BATCH, Options
 from spark_projections._range_reader import open_connection, read_range
@@ -260,14 +259,14 @@ async def stream_bounds(settings: EventStoreSettings) -> tuple[int, int]:
 
 async def _stream_bounds(opts: Options) -> tuple[int, int]:
     """The stream's (first, last) sequence; (1, 0) when it is empty."""
-    nc = await open_connection(opts)
+    conn = await open_connection(opts)
+    what = f"Reading the positions of stream {opts.stream!r}"
     try:
         try:
-            with map_nats_error(f"Reading the positions of stream {opts.stream!r}", opts.request_timeout_s):
-                reply = await nc.request(f"$JS.API.STREAM.INFO.{opts.stream}", b"", timeout=opts.request_timeout_s)
-        except ServerUnavailableError as exc:
-            raise EventSourceError(str(exc)) from exc
-        info = json.loads(reply.data)
+            _, _, _, data = await conn.request(Subjects(opts.stream).stream_info(), b"", opts.request_timeout_s)
+        except (TimeoutError, ServerUnavailableError) as exc:
+            raise EventSourceError(f"{what}: no answer from {opts.url} within {opts.request_timeout_s}s ({exc}).") from exc
+        info = json.loads(data) if data else {"error": {"description": "JetStream did not answer (no responders)"}}
         if "error" in info:
             raise EventSourceError(
                 f"Cannot read stream {opts.stream!r} at {opts.url}: {info['error'].get('description', info['error'])}. "
@@ -276,4 +275,4 @@ async def _stream_bounds(opts: Options) -> tuple[int, int]:
         state = info.get("state", {})
         return int(state.get("first_seq") or 1), int(state.get("last_seq") or 0)
     finally:
-        await nc.close()
+        conn.close()

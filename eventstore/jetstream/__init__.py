@@ -1,5 +1,14 @@
-"""The JetStream wire: API subjects and error codes, the ordered replay, the bulk-read transport, durable consumers.
+"""The JetStream wire: API subjects and error codes, the ordered replay, the bulk-read transport.
 
 Everything that speaks JetStream's protocol below nats-py's public client
 lives here, once; the rest of the framework goes through these modules.
 """
+
+from .api import API_PREFIX, ErrorCode, Subjects, TRANSIENT_API_ERRORS
+from .replay import Commits, NativeRun, OrderedReplay, Part, Scanner, leader_has_message
+from .transport import BulkConnection, Raw, Receiver, SharedConnection
+
+__all__ = [
+    "API_PREFIX", "BulkConnection", "Commits", "ErrorCode", "NativeRun", "OrderedReplay", "Part", "Raw", "Receiver",
+    "Scanner", "SharedConnection", "Subjects", "TRANSIENT_API_ERRORS", "leader_has_message",
+]

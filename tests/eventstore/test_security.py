@@ -92,7 +92,10 @@ async def round_trip(settings: EventStoreSettings) -> None:
         account = StreamId("Account", "secured")
         await store.append(account, [Deposited(amount=42)], expected_version=NO_STREAM)
         events = await store.read(account)
+        # A replay goes over the store's bulk-read connection, which authenticates on its own.
+        replayed = [e async for batch in store.read_all() for e in batch]
     assert [(e.type, e.data) for e in events] == [("Deposited", Deposited(amount=42))]
+    assert replayed == events
 
 
 # -- ways to authenticate ----------------------------------------------------------------

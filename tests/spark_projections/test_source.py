@@ -17,6 +17,7 @@ from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 
 from eventstore import EmbeddedServer, EventStore, EventStoreSettings, StreamId, encode_commit
+from eventstore.jetstream import Commits, Subjects
 from spark_projections import _batches, _options, _range_reader, source
 from spark_projections.source import EVENTS_SCHEMA, read_events, split_range
 
@@ -182,8 +183,8 @@ async def test_a_partition_survives_losing_its_consumer(store: EventStore, nativ
         await js.publish(account.subject(store.settings.subject_prefix), body, headers=headers)
     opts = _options.Options.parse({"url": store.settings.nats_url, "stream": store.settings.stream,
                                   "subject_prefix": store.settings.subject_prefix, "batch": "40"})
-    nc = await _range_reader.open_connection(opts, native=native)
-    pull = _range_reader.RangePull(nc, opts, 1, 400)
+    shared = _range_reader.connections(opts)
+    pull = _range_reader.range_replay(opts, 1, 400, shared, native=native)
     seen: list[int] = []
     kinds: set[type] = set()
     deleted = 0
@@ -193,16 +194,16 @@ async def test_a_partition_survives_losing_its_consumer(store: EventStore, nativ
             kinds.update(type(part) for part in stored)
             if deleted < 2 and len(seen) >= 100 * (deleted + 1):
                 deleted += 1
-                await store.nc.request(f"$JS.API.CONSUMER.DELETE.{opts.stream}.{pull._consumer.decode()}", b"")
+                await store.nc.request(Subjects(opts.stream).consumer_delete(pull._consumer.decode()), b"")
     finally:
-        await nc.close()
+        shared.close()
     assert deleted == 2
     assert seen == list(range(1, 401))
-    assert (_batches.Frames in kinds) == native and (native or kinds == {_batches.Commits})
+    assert (_batches.Frames in kinds) == native and (native or kinds == {Commits})
 
 
 def test_events_schema_is_what_the_reader_returns() -> None:
-    converted = _batches.Converter("p").convert(_batches.Commits(
+    converted = _batches.Converter("p").convert(Commits(
         [9, 10],
         [b"p.Account.a%2Eb", b"p.Cart.c"],
         [b"NATS/1.0\r\nEs-Type: A,B\r\nEs-Schema-Version: 1,2\r\nEs-Event-Id: x,y\r\nEs-Version: 5\r\n"
@@ -238,10 +239,10 @@ async def test_a_partition_survives_a_server_restart(tmp_path: Path) -> None:
         finally:
             await store.close()
         opts = _options.Options.parse({"url": server.url, "stream": "RESTART", "subject_prefix": "r", "batch": "100"})
-        nc = await _range_reader.open_connection(opts)
+        shared = _range_reader.connections(opts)
         seen: list[int] = []
         restarted = False
-        pull = _range_reader.RangePull(nc, opts, 1, 2000)
+        pull = _range_reader.range_replay(opts, 1, 2000, shared)
         consumers: list[bytes] = []
         create = pull._create_consumer
 
@@ -258,6 +259,6 @@ async def test_a_partition_survives_a_server_restart(tmp_path: Path) -> None:
                     await asyncio.to_thread(server.kill)
                     await asyncio.to_thread(server.start)
         finally:
-            await nc.close()
+            shared.close()
         assert restarted and len(consumers) >= 2  # the first consumer died with the server
         assert seen == list(range(1, 2001))

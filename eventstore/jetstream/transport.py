@@ -1,0 +1,484 @@
+"""The bulk-read connection: a NATS client of its own, on asyncio's Protocol API, for replays.
+
+A replay receives hundreds of thousands of messages a second on one
+subscription. nats-py builds a ``Msg`` object, parses its headers with a
+per-character check and runs a callback per message; :class:`BulkConnection`
+frames each socket read (up to 256 KiB) in one pass instead and hands the runs
+of a subscription's messages over as raw bytes, to a :class:`Receiver` that
+checks them in bulk (see :mod:`eventstore.jetstream.replay`). A receiver may
+bring a native scanner that frames whole runs of its messages at once.
+
+It speaks the small part of the client protocol a replay needs: the
+handshake (TLS, every way of authenticating the event store supports), PING,
+SUB/UNSUB, PUB and requests. It does not reconnect: a replay opens a new one
+and resumes after the last message it handed over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import secrets
+import ssl
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+from urllib.parse import unquote, urlsplit
+
+import nkeys
+
+from ..errors import AuthenticationError, ServerUnavailableError
+from ..security import ConnectionSecurity, redact_url, tls_context
+
+__all__ = ["BulkConnection", "Raw", "Receiver", "Run"]
+
+Raw = tuple[bytes, "bytes | None", bytes, bytes]
+"""A message off the wire: (subject, reply subject or None, header block, body)."""
+
+Run = object
+"""What a receiver's scanner returns for a run of messages it framed (the receiver's own type)."""
+
+_MAX_CONTROL_LINE = 4096
+
+
+class Receiver(Protocol):
+    """Where one subscription's messages go, in arrival order.
+
+    ``scan``, when not None, frames a run of the subscription's messages at
+    ``data[pos:]`` natively: it returns where the run ends and the run, or
+    ``(pos, None)`` when the message there is not one it takes (the connection
+    frames that one in Python).
+    """
+
+    scan: Callable[[bytes, int], tuple[int, Run | None]] | None
+
+    def add(self, rows: list[Raw]) -> None:
+        """Take messages framed in Python, in order."""
+
+    def add_run(self, run: Run) -> None:
+        """Take a run the scanner framed."""
+
+    def wake(self) -> None:
+        """Called once after each socket read that brought the subscription something."""
+
+    def lost(self, error: Exception) -> None:
+        """The connection is gone: nothing more will arrive."""
+
+
+class _Replies:
+    """The receiver of :meth:`BulkConnection.request`'s replies: routes each to the future waiting for it."""
+
+    def __init__(self, prefix: bytes) -> None:
+        self.scan: Callable[[bytes, int], tuple[int, Run | None]] | None = None
+        self.cut = len(prefix)
+        self.waiting: dict[bytes, asyncio.Future[Raw]] = {}
+
+    def add(self, rows: list[Raw]) -> None:
+        for row in rows:
+            future = self.waiting.pop(row[0][self.cut :], None)
+            if future is not None and not future.done():
+                future.set_result(row)
+
+    def add_run(self, run: Run) -> None:  # pragma: no cover - no scanner
+        raise AssertionError(run)
+
+    def wake(self) -> None:
+        pass
+
+    def lost(self, error: Exception) -> None:
+        for future in self.waiting.values():
+            if not future.done():
+                future.set_exception(error)
+        self.waiting.clear()
+
+
+def _creds_part(text: str, what: str) -> str:
+    """The block of a .creds file after its ``-----BEGIN <what>-----`` line."""
+    lines = [line.strip() for line in text.splitlines()]
+    for i, line in enumerate(lines):
+        if line.startswith("-----BEGIN") and what in line:
+            for value in lines[i + 1 :]:
+                if value and not value.startswith("---"):
+                    return value
+    raise ValueError(f"no {what} block")
+
+
+class BulkConnection(asyncio.Protocol):
+    """One NATS connection for bulk reads (see the module docs). Open it with :meth:`open`."""
+
+    def __init__(self, security: ConnectionSecurity, name: str) -> None:
+        self._security = security
+        self._name = name
+        self._transport: asyncio.Transport | None = None
+        self._buf = bytearray()
+        self._need = 0  # bytes the incomplete message in _buf needs, when known
+        self._subs: dict[bytes, Receiver] = {}
+        self._next_sid = 0
+        self._lines: asyncio.Queue[bytes] = asyncio.Queue()
+        self._handshaking = True
+        self._pongs: list[asyncio.Future[None]] = []
+        self._lost: Exception | None = None
+        self._lost_cause: Exception | None = None
+        self._inbox = "_INBOX." + secrets.token_hex(11)
+        self._replies = _Replies(f"{self._inbox}.".encode())
+        self._requests = 0
+        self.url = ""
+
+    # -- opening -------------------------------------------------------------------------------------------------
+
+    @classmethod
+    async def open(
+        cls, servers: list[str], security: ConnectionSecurity, *, deadline_s: float, name: str = "jetsourcing-replay"
+    ) -> BulkConnection:
+        """Connect to the first of ``servers`` that answers, all tries within ``deadline_s``.
+
+        Raises :class:`AuthenticationError` when a server refuses the
+        credentials or TLS fails (retrying cannot help), else
+        :class:`ServerUnavailableError` naming the servers and the last error.
+        """
+        last: BaseException | None = None
+        try:
+            async with asyncio.timeout(deadline_s):
+                for url in servers:
+                    self = cls(security, name)
+                    try:
+                        await self._connect(url)
+                        return self
+                    except AuthenticationError:
+                        self.close()
+                        raise
+                    except (OSError, ServerUnavailableError, ValueError) as exc:
+                        self.close()
+                        last = exc
+        except TimeoutError as exc:
+            last = last or exc
+        where = redact_url(",".join(servers))
+        raise ServerUnavailableError(
+            f"Could not open a replay connection to NATS at {where} within {deadline_s}s "
+            f"({last or type(last).__name__}). Check that the server is up and reachable."
+        ) from last
+
+    async def _connect(self, url: str) -> None:
+        parts = urlsplit(url if "://" in url else f"nats://{url}")
+        self.url = redact_url(url)
+        host, port = parts.hostname or "127.0.0.1", parts.port or 4222
+        loop = asyncio.get_running_loop()
+        await loop.create_connection(lambda: self, host, port)
+        info = json.loads((await self._line(b"INFO "))[5:])
+        context = tls_context(self._security)
+        wants_tls = parts.scheme == "tls" or context is not None
+        if wants_tls and not info.get("tls_required"):
+            raise AuthenticationError(
+                f"Could not connect to NATS at {self.url}: the server does not require TLS, but a tls:// URL or the "
+                "tls_* settings ask for it, so nothing was sent to it. Enable TLS on the server, or check the URL."
+            )
+        if info.get("tls_required"):
+            context = context or ssl.create_default_context()
+            hostname = self._security.tls_hostname or host
+            assert self._transport is not None
+            try:
+                self._transport = await loop.start_tls(self._transport, self, context, server_hostname=hostname)
+            except ssl.SSLError as exc:
+                raise AuthenticationError(f"Could not connect to NATS at {self.url}: the TLS handshake failed ({exc}).") from exc
+        connect = self._connect_options(info, parts.username, parts.password)
+        self._write(b"CONNECT " + json.dumps(connect).encode() + b"\r\nPING\r\n")
+        answer = await self._line(b"PONG", b"-ERR")
+        if answer.startswith(b"-ERR"):
+            why = answer[5:].decode(errors="replace").strip(" '")
+            if "authorization" in why.lower():
+                raise AuthenticationError(
+                    f"Could not connect to NATS at {self.url}: the server rejected the credentials ({why}). Check "
+                    "the user and password, token, nkey_seed_file or credentials_file settings, or the URL's."
+                )
+            raise ServerUnavailableError(f"NATS at {self.url} refused the connection ({why}).")
+        self._handshaking = False
+        if self._buf:  # messages right behind the PONG
+            self.data_received(b"")
+        self.subscribe_inbox()
+
+    def _connect_options(self, info: dict[str, object], user: str | None, password: str | None) -> dict[str, object]:
+        options: dict[str, object] = {
+            "verbose": False, "pedantic": False, "lang": "python3", "version": "jetsourcing", "protocol": 1,
+            "headers": True, "no_responders": True, "name": self._name,
+            "tls_required": bool(info.get("tls_required")),
+        }
+        security = self._security
+        if user is not None and password is not None:
+            options.update(user=unquote(user), **{"pass": unquote(password)})
+        elif user is not None:
+            options["auth_token"] = unquote(user)
+        if security.user is not None and security.password is not None:
+            options.update(user=security.user, **{"pass": security.password.get_secret_value()})
+        if security.token is not None:
+            options["auth_token"] = security.token.get_secret_value()
+        nonce = str(info.get("nonce") or "").encode()
+        if security.nkey_seed_file is not None:
+            pair = nkeys.from_seed(bytearray(Path(security.nkey_seed_file).read_bytes().strip()))
+            options.update(nkey=pair.public_key.decode(), sig=base64.b64encode(pair.sign(nonce)).decode())
+        if security.credentials_file is not None:
+            text = Path(security.credentials_file).read_text()
+            pair = nkeys.from_seed(bytearray(_creds_part(text, "NKEY SEED").encode()))
+            options.update(jwt=_creds_part(text, "JWT"), sig=base64.b64encode(pair.sign(nonce)).decode())
+        return options
+
+    async def _line(self, *starts: bytes) -> bytes:
+        """The next handshake line that begins with one of ``starts`` (PINGs are answered, others skipped)."""
+        while True:
+            line = await self._lines.get()
+            if not line:
+                if isinstance(self._lost_cause, ssl.SSLError):  # TLS 1.3 refuses a client certificate after its handshake
+                    raise AuthenticationError(
+                        f"Could not connect to NATS at {self.url}: the TLS handshake failed "
+                        f"({self._lost_cause.reason or self._lost_cause}). If the server requires a client "
+                        "certificate, set tls_cert_file and tls_key_file to one its CA signed."
+                    )
+                raise self._lost or ServerUnavailableError(f"NATS at {self.url} closed the connection.")
+            if line.startswith(starts):
+                return line
+
+    # -- the protocol --------------------------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost_cause = exc
+        error = ServerUnavailableError(
+            f"The replay connection to NATS at {self.url} was lost ({exc or 'closed by the server'})."
+        )
+        self._lost = self._lost or error
+        self._transport = None
+        for receiver in list(self._subs.values()):
+            receiver.lost(self._lost)
+        for future in self._pongs:
+            if not future.done():
+                future.set_exception(self._lost)
+        self._pongs.clear()
+        self._lines.put_nowait(b"")  # ends a handshake waiting for a line
+
+    def data_received(self, data: bytes) -> None:
+        if self._handshaking:
+            self._buf += data
+            while (eol := self._buf.find(b"\r\n")) >= 0 and self._handshaking:
+                line = bytes(self._buf[:eol])
+                del self._buf[: eol + 2]
+                if line == b"PING":
+                    self._write(b"PONG\r\n")
+                else:
+                    self._lines.put_nowait(line)
+                    if line == b"PONG":
+                        break  # what follows is the connected protocol's
+            return
+        if self._buf:
+            self._buf += data
+            if len(self._buf) < self._need:
+                return  # the message begun needs more (one copy of a big message, not one per read)
+            view = bytes(self._buf)
+        else:
+            view = data
+        received: dict[Receiver, list[Raw]] = {}
+        try:
+            pos = self._frame(view, received)
+        except ValueError:  # a length that is not a number: not the protocol
+            self._fail("a malformed message line")
+            return
+        self._buf = bytearray(view[pos:])
+        self._need = _needed(self._buf)
+        for receiver, rows in received.items():
+            if rows:
+                receiver.add(rows)
+            receiver.wake()
+
+    def _frame(self, view: bytes, received: dict[Receiver, list[Raw]]) -> int:
+        """Frame the complete operations of ``view`` and hand them on; returns where the incomplete rest starts."""
+        pos, size, find, subs = 0, len(view), view.find, self._subs
+        rows: list[Raw] = []
+        current: bytes | None = None
+        scan: Callable[[bytes, int], tuple[int, Run | None]] | None = None
+        while pos < size:
+            if view.startswith(b"HMSG ", pos):
+                eol = find(b"\r\n", pos)
+                if eol < 0:
+                    break
+                parts = view[pos + 5 : eol].split()
+                if len(parts) == 5:
+                    subject, sid, reply, header_len, total_len = parts
+                else:
+                    subject, sid, header_len, total_len = parts
+                    reply = None
+                start = eol + 2
+                split = start + int(header_len)
+            elif view.startswith(b"MSG ", pos):
+                eol = find(b"\r\n", pos)
+                if eol < 0:
+                    break
+                parts = view[pos + 4 : eol].split()
+                if len(parts) == 4:
+                    subject, sid, reply, total_len = parts
+                else:
+                    subject, sid, total_len = parts
+                    reply = None
+                start = split = eol + 2
+            else:
+                eol = find(b"\r\n", pos)
+                if eol < 0:
+                    if size - pos > _MAX_CONTROL_LINE:
+                        self._fail(f"a protocol line longer than {_MAX_CONTROL_LINE} bytes")
+                        return size
+                    break
+                self._control(view[pos:eol])
+                pos = eol + 2
+                continue
+            end = start + int(total_len)
+            if end + 2 > size:
+                break
+            if sid != current:
+                receiver = subs.get(sid)
+                current = sid if receiver is not None else None
+                if receiver is None:
+                    pos = end + 2
+                    continue  # a subscription already dropped
+                rows = received.setdefault(receiver, [])
+                scan = receiver.scan
+                if scan is not None:
+                    # The scanner takes whole runs of this subscription's messages, starting with this one.
+                    pos, run = scan(view, pos)
+                    if run is not None:
+                        if rows:
+                            receiver.add(rows)
+                            received[receiver] = rows = []
+                        receiver.add_run(run)
+                        current = None
+                        continue
+            rows.append((subject, reply, view[start:split], view[split:end]))
+            pos = end + 2
+            if scan is not None:
+                current = None  # let the scanner try the next message again
+        return pos
+
+    def _control(self, line: bytes) -> None:
+        if line == b"PING":
+            self._write(b"PONG\r\n")
+        elif line == b"PONG":
+            if self._pongs:
+                future = self._pongs.pop(0)
+                if not future.done():
+                    future.set_result(None)
+        elif line.startswith(b"-ERR"):
+            self._fail(f"the server said {line[5:].decode(errors='replace')}")
+        # +OK and INFO (cluster changes) need nothing
+
+    def _fail(self, why: str) -> None:
+        self._lost = ServerUnavailableError(f"The replay connection to NATS at {self.url} failed: {why}.")
+        if self._transport is not None:
+            self._transport.abort()
+
+    def _write(self, data: bytes) -> None:
+        if self._transport is None or self._transport.is_closing():
+            raise self._lost or ServerUnavailableError(f"The replay connection to NATS at {self.url} is closed.")
+        self._transport.write(data)
+
+    # -- the client ----------------------------------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        """Whether the connection is gone (closed, lost or failed); a closed one stays closed."""
+        return self._transport is None or self._transport.is_closing()
+
+    def new_inbox(self) -> str:
+        """A subject no one else subscribes to."""
+        return f"{self._inbox}.s{secrets.token_hex(6)}"
+
+    def subscribe(self, subject: str, receiver: Receiver) -> bytes:
+        """Deliver the messages of ``subject`` to ``receiver``; the subscription's id, for :meth:`unsubscribe`."""
+        self._next_sid += 1
+        sid = str(self._next_sid).encode()
+        self._subs[sid] = receiver
+        self._write(b"SUB " + subject.encode() + b" " + sid + b"\r\n")
+        return sid
+
+    def subscribe_inbox(self) -> None:
+        self._subs[b"0"] = self._replies
+        self._write(f"SUB {self._inbox}.r.* 0\r\n".encode())
+
+    def unsubscribe(self, sid: bytes) -> None:
+        """Stop delivering to the subscription (messages already in the socket's buffer are dropped)."""
+        if self._subs.pop(sid, None) is not None and not self.closed:
+            self._write(b"UNSUB " + sid + b"\r\n")
+
+    def publish(self, subject: str, payload: bytes, reply: str = "") -> None:
+        """Send a message (buffered by the transport; raises :class:`ServerUnavailableError` when closed)."""
+        head = f"PUB {subject} {reply} {len(payload)}\r\n" if reply else f"PUB {subject} {len(payload)}\r\n"
+        self._write(head.encode() + payload + b"\r\n")
+
+    async def request(self, subject: str, payload: bytes, timeout_s: float) -> Raw:
+        """Send a request and wait for its reply, at most ``timeout_s`` (:class:`TimeoutError`)."""
+        self._requests += 1
+        token = f"r.{self._requests}"
+        future: asyncio.Future[Raw] = asyncio.get_running_loop().create_future()
+        self._replies.waiting[token.encode()] = future
+        try:
+            self.publish(subject, payload, f"{self._inbox}.{token}")
+            async with asyncio.timeout(timeout_s):
+                return await future
+        finally:
+            self._replies.waiting.pop(token.encode(), None)
+
+    async def flush(self, timeout_s: float) -> None:
+        """Wait until the server has processed everything sent so far (a PING answered)."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pongs.append(future)
+        self._write(b"PING\r\n")
+        async with asyncio.timeout(timeout_s):
+            await future
+
+    def close(self) -> None:
+        """Close the connection at once (nothing sent is waited for)."""
+        if self._transport is not None:
+            with contextlib.suppress(Exception):
+                self._transport.close()
+
+
+def _needed(buf: bytearray) -> int:
+    """The size the message begun in ``buf`` will have, with its line end; 0 when that is not known yet."""
+    eol = buf.find(b"\r\n")
+    if eol < 0:
+        return 0
+    op, _, rest = bytes(buf[:eol]).partition(b" ")
+    size = rest.rpartition(b" ")[2]
+    if op not in (b"HMSG", b"MSG") or not size.isdigit():
+        return 0
+    return eol + 2 + int(size) + 2
+
+
+class SharedConnection:
+    """One :class:`BulkConnection` for the replays of one event store: opened on first use, again after a loss."""
+
+    def __init__(self, servers: Callable[[], list[str]], security: ConnectionSecurity, deadline_s: float, name: str) -> None:
+        self._servers = servers
+        self._security = security
+        self._deadline_s = deadline_s
+        self._name = name
+        self._conn: BulkConnection | None = None
+        self._lock = asyncio.Lock()
+        self._closed = False
+
+    async def get(self) -> BulkConnection:
+        """The open connection (opening one within ``deadline_s``, or raising as :meth:`BulkConnection.open`)."""
+        async with self._lock:
+            if self._closed:
+                raise ServerUnavailableError("The event store is closed: its replays ended.")
+            if self._conn is None or self._conn.closed:
+                self._conn = await BulkConnection.open(
+                    self._servers(), self._security, deadline_s=self._deadline_s, name=self._name
+                )
+            return self._conn
+
+    def close(self) -> None:
+        """Close the connection; replays still running end with :class:`ServerUnavailableError`."""
+        self._closed = True
+        if self._conn is not None:
+            self._conn.close()
