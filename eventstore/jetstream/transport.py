@@ -156,8 +156,8 @@ class BulkConnection(asyncio.Protocol):
             last = last or exc
         where = redact_url(",".join(servers))
         raise ServerUnavailableError(
-            f"Could not open a replay connection to NATS at {where} within {deadline_s}s "
-            f"({last or type(last).__name__}). Check that the server is up and reachable."
+            f"Could not connect to NATS at {where} within {deadline_s}s ({last or type(last).__name__}). "
+            "Check that the server is up and reachable."
         ) from last
 
     async def _connect(self, url: str) -> None:
