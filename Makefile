@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 .PHONY: demo test install bench lint clean
 
 # The native framing of bulk reads is compiled by the install: rebuild when its C source changes.
-$(STAMP): pyproject.toml spark_projections/_frames.c
+$(STAMP): pyproject.toml eventstore/_native.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
@@ -32,4 +32,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_spark.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache spark-warehouse build spark_projections/*.so
+	rm -rf $(VENV) .pytest_cache spark-warehouse build eventstore/*.so

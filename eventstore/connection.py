@@ -27,7 +27,7 @@ from nats.errors import SecureConnWantedError
 
 from .errors import AuthenticationError
 from .security import redact_url
-from .wire import parse_header_lines
+from .native import parse_header_lines
 
 __all__ = ["Connection", "connect", "parse_header_lines"]
 

@@ -41,7 +41,8 @@ from .events import RecordedEvent
 from .registry import TypeRegistry
 from .settings import EventStoreSettings
 from .streams import StreamId, filter_subjects
-from .wire import Header, decode_commit, parse_header_lines
+from .native import parse_header_lines
+from .wire import Header, decode_commit
 
 __all__ = ["Reader", "Replayed", "StoredMessage"]
 

@@ -1,7 +1,7 @@
 """Pulled commits as Arrow record batches of events, however they were framed.
 
 A batch's commits arrive either framed by the native scanner (:class:`Frames`:
-Arrow binary views into the received bytes, see ``spark_projections/_frames.c``)
+Arrow binary views into the received bytes, see ``eventstore/_native.c``)
 or as Python lists of raw messages (:class:`Commits`); :class:`Converter` turns
 both into the columns of :data:`EVENTS_SCHEMA` with a few Arrow kernels.
 """
@@ -22,11 +22,9 @@ from pyspark.sql.types import IntegerType, LongType, StringType, StructField, St
 
 from eventstore import EventDecodeError, Header, decode_entity_id
 from eventstore.jetstream import Commits
+from eventstore.native import COLUMNS
+from eventstore.native import scan as native_scan
 
-try:
-    from spark_projections import _frames
-except ImportError:  # not built where this was installed (no C compiler): the Python framing does it all
-    _frames = None  # type: ignore[assignment]
 
 EVENTS_SCHEMA = StructType(
     [
@@ -54,16 +52,14 @@ is ``"Category/entity-id"``; ``version`` the entity's version after the event;
 """
 
 
-# Columns of the native scanner's views, in its order (see _frames.c).
+# Columns of the native scanner's views, in its order (see eventstore/_native.c).
 (_SUBJECT, _TYPE_COLUMN, _SCHEMA_COLUMN, _EVENT_ID_COLUMN, _VERSION_COLUMN, _RECORDED_COLUMN, _CORRELATION_COLUMN,
  _CAUSATION_COLUMN, _PAYLOAD, _CATEGORY, _ENTITY) = range(11)
 _VIEW = 16  # bytes of one Arrow binary view
-if _frames is not None and (_frames.COLUMNS, _frames.VIEW_SIZE) != (_ENTITY + 1, _VIEW):
-    # A scanner built from another version of _frames.c: frame everything in Python rather than misread.
-    _frames = None  # type: ignore[assignment]
+assert _ENTITY + 1 == COLUMNS, "the scanner's columns changed: update the constants above"
 
 
-NATIVE = _frames is not None
+NATIVE = native_scan is not None
 """Whether the native scanner was built, for this version (else every message is framed in Python)."""
 
 
@@ -71,7 +67,7 @@ NATIVE = _frames is not None
 class Frames:
     """Commits framed by the native scanner: Arrow binary views into the bytes they arrived in.
 
-    ``spark_projections/_frames.c`` checks each frame (our subscription and
+    ``eventstore/_native.c`` checks each frame (our subscription and
     consumer, consecutive consumer sequences, the five required ``Es-*``
     headers once each) and cuts out the subject, the header values and the
     body without copying them; the Python path handles any other frame.
@@ -83,16 +79,17 @@ class Frames:
     last_dseq: int
     pending: int
     several: bool  # some commit holds several events
-    positions: bytes
-    views: tuple[bytes, ...]  # per column (see the constants above), 16 bytes per commit
-    present: tuple[bytes, bytes]  # (correlation, causation): 1 where a commit has that optional header
+    positions: bytearray
+    views: tuple[bytearray, ...]  # per column (see the constants above), 16 bytes per commit
+    present: tuple[bytearray, bytearray]  # (correlation, causation): 1 where a commit has that optional header
 
     @classmethod
     def scan(
         cls, data: bytes, pos: int, sid: bytes, ack_prefix: bytes, subject_prefix: bytes
     ) -> tuple[int, Frames | None]:
         """Frame the run of our messages at ``data[pos:]``: (where it ends, the frames, or None when there are none)."""
-        end, count, first, last, pending, several, positions, views, correlation, causation = _frames.scan(
+        assert native_scan is not None, "check NATIVE first"
+        end, count, first, last, pending, several, positions, views, correlation, causation = native_scan(
             data, pos, sid, ack_prefix, subject_prefix
         )
         if not count:

@@ -4,12 +4,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from nats.aio.client import Client
 
-from eventstore.connection import parse_header_lines
+import pytest
+
+from eventstore import native, wire
+
+# The Python twin and the native parser (the one readers use where it was built) must both agree with nats-py.
+PARSERS = pytest.mark.parametrize("parse_header_lines", [wire.parse_header_lines, native.parse_header_lines],
+                                  ids=["python", "native"])
 
 
 @settings(max_examples=500)
 @given(st.lists(st.tuples(st.binary(max_size=12), st.binary(max_size=12)), max_size=6))
-def test_fast_header_parser_agrees_with_nats_py(pairs: list[tuple[bytes, bytes]]) -> None:
+@PARSERS
+def test_fast_header_parser_agrees_with_nats_py(parse_header_lines, pairs: list[tuple[bytes, bytes]]) -> None:  # type: ignore[no-untyped-def]
     raw = b"\r\n".join(key + b":" + value for key, value in pairs) + b"\r\n\r\n"
     assert parse_header_lines(raw) == Client._parse_header_lines(raw)
 
@@ -19,11 +26,13 @@ _ASCII = st.binary(max_size=12).map(lambda b: bytes(c & 0x7F for c in b))
 
 @settings(max_examples=300)
 @given(st.lists(st.tuples(_ASCII, _ASCII), max_size=6))
-def test_fast_header_parser_agrees_with_nats_py_on_ascii_blocks(pairs: list[tuple[bytes, bytes]]) -> None:
+@PARSERS
+def test_fast_header_parser_agrees_with_nats_py_on_ascii_blocks(parse_header_lines, pairs: list[tuple[bytes, bytes]]) -> None:  # type: ignore[no-untyped-def]
     raw = b"\r\n".join(key + b":" + value for key, value in pairs) + b"\r\n\r\n"
     assert parse_header_lines(raw) == Client._parse_header_lines(raw)
 
 
-def test_fast_header_parser_on_a_real_commit() -> None:
+@PARSERS
+def test_fast_header_parser_on_a_real_commit(parse_header_lines) -> None:  # type: ignore[no-untyped-def]
     raw = b"Nats-Msg-Id: abc\r\nEs-Type: Deposited,Withdrawn\r\nEs-Version:  7 \r\nbad key: x\r\n\r\n"
     assert parse_header_lines(raw) == {"Nats-Msg-Id": "abc", "Es-Type": "Deposited,Withdrawn", "Es-Version": "7"}

@@ -1,4 +1,14 @@
-/* Native framing of a bulk JetStream read: the hot loop of spark_projections._range_reader, in C.
+/* The native accelerator of bulk reads (eventstore._native): the hot loops of a replay, in C.
+ *
+ * Built for CPython's stable ABI (Py_LIMITED_API 3.11: one wheel for every CPython from 3.11 on), optional:
+ * every function has a Python twin the readers fall back to (see eventstore/native.py).
+ *
+ * headers(type, schema_version, event_id, version, recorded_at, correlation_id, causation_id)
+ * sets the header names the scanner looks for; eventstore.native passes eventstore.wire.Header's at import,
+ * so the names are defined once. names() returns them back, for a test.
+ *
+ * parse_headers(block) parses a NATS header block ("NATS/1.0\r\nName: value\r\n...") into a dict exactly
+ * as nats-py does; None for a block that is not ASCII (the Python twin handles those).
  *
  * scan(buf, pos, sid, ack_prefix, subject_prefix) reads consecutive complete
  *
@@ -6,7 +16,7 @@
  *     <header block of hlen bytes><body>\r\n
  *
  * frames from buf[pos:], as written by jetsourcing (subjects <subject_prefix><Category>.<entity>, the
- * five required Es-* headers once each, correlation/causation ids optional), with consecutive
+ * five required headers once each, correlation/causation ids optional), with consecutive
  * consumer sequences. It stops, without
  * taking it, at the first frame that is anything else (another subscription, a status message,
  * another reply layout, a malformed or incomplete frame, a gap): the caller's Python path deals
@@ -24,10 +34,11 @@
  *
  * The loop runs once per message of a bulk read, so it searches bytes with SSE2 where the
  * compiler offers it (16 bytes a step, no call per search) and writes every output straight
- * into the bytes objects it returns, sized at the first frame taken for the most frames the rest
- * of the input can hold (and shrunk with _PyBytes_Resize, CPython's documented way to do so).
+ * into the bytearrays it returns, sized at the first frame taken for the most frames the rest
+ * of the input can hold (and shrunk to what was taken).
  */
 
+#define Py_LIMITED_API 0x030B0000
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
@@ -110,19 +121,18 @@ static int split_exact(const uint8_t *at, Py_ssize_t length, uint8_t sep, Span *
     return 1;
 }
 
-/* Which known header a name is (its column), or -1 (constant-length compares: the compiler inlines them). */
+/* The header names of the columns TYPE .. CAUSATION_ID, as headers() set them (eventstore.wire.Header). */
+#define NAMED (CAUSATION_ID - TYPE + 1)
+static char names[NAMED][64];
+static Py_ssize_t name_length[NAMED];
+static int named = 0;
+
+/* Which known header a name is (its column), or -1. */
 static inline int header_column(const uint8_t *name, Py_ssize_t length) {
-#define IS(literal) (memcmp(name, literal, sizeof(literal) - 1) == 0)
-    switch (length) {
-    case 7: return IS("Es-Type") ? TYPE : -1;
-    case 10: return IS("Es-Version") ? VERSION : -1;
-    case 11: return IS("Es-Event-Id") ? EVENT_ID : -1;
-    case 14: return IS("Es-Recorded-At") ? RECORDED_AT : -1;
-    case 15: return IS("Es-Causation-Id") ? CAUSATION_ID : -1;
-    case 17: return IS("Es-Schema-Version") ? SCHEMA_VERSION : IS("Es-Correlation-Id") ? CORRELATION_ID : -1;
-    default: return -1;
+    for (int i = 0; i < NAMED; i++) {
+        if (name_length[i] == length && memcmp(name, names[i], (size_t)length) == 0) return TYPE + i;
     }
-#undef IS
+    return -1;
 }
 
 /* The header values of one block; 0 if a required one is missing or any known one repeats. */
@@ -172,7 +182,7 @@ static inline void set_view(View *view, const uint8_t *base, Span span, int32_t 
 /* The scan's outputs, written in place into the bytes objects it returns. */
 typedef struct {
     Py_ssize_t capacity;
-    PyObject *positions;        /* capacity int64 */
+    PyObject *positions;        /* bytearrays: capacity int64 */
     PyObject *views[COLUMNS];   /* capacity views each */
     PyObject *present[2];       /* capacity flags each: correlation, causation */
     int64_t *position_at;       /* where the above are written, valid until the next resize */
@@ -199,17 +209,17 @@ static int resize(Outputs *out, Py_ssize_t capacity) {
     for (int i = 0; i < n; i++) {
         Py_ssize_t size = capacity * width[i];
         if (*all[i] == NULL) {
-            *all[i] = PyBytes_FromStringAndSize(NULL, size);
+            *all[i] = PyByteArray_FromStringAndSize(NULL, size);
             if (*all[i] == NULL) return 0;
-        } else if (_PyBytes_Resize(all[i], size) < 0) {
+        } else if (PyByteArray_Resize(*all[i], size) < 0) {
             return 0;
         }
     }
     out->capacity = capacity;
-    out->position_at = (int64_t *)PyBytes_AS_STRING(out->positions);
-    for (int c = 0; c < COLUMNS; c++) out->view_at[c] = (View *)PyBytes_AS_STRING(out->views[c]);
-    out->present_at[0] = (uint8_t *)PyBytes_AS_STRING(out->present[0]);
-    out->present_at[1] = (uint8_t *)PyBytes_AS_STRING(out->present[1]);
+    out->position_at = (int64_t *)PyByteArray_AsString(out->positions);
+    for (int c = 0; c < COLUMNS; c++) out->view_at[c] = (View *)PyByteArray_AsString(out->views[c]);
+    out->present_at[0] = (uint8_t *)PyByteArray_AsString(out->present[0]);
+    out->present_at[1] = (uint8_t *)PyByteArray_AsString(out->present[1]);
     return 1;
 }
 
@@ -225,6 +235,10 @@ static PyObject *scan(PyObject *Py_UNUSED(self), PyObject *args) {
     Outputs out = {0};
     Py_ssize_t count = 0;
     int64_t first_dseq = 0, last_dseq = 0, pending = 0;
+    if (!named) {
+        PyErr_SetString(PyExc_RuntimeError, "scan: headers() was not called (import eventstore.native)");
+        goto done;
+    }
     if (pos < 0 || pos > size || size > INT32_MAX) {
         PyErr_SetString(PyExc_ValueError, "scan: pos out of range, or a buffer over 2 GiB");
         goto done;
@@ -302,7 +316,7 @@ static PyObject *scan(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *views = PyTuple_New(COLUMNS);
     if (views == NULL) goto done;
     for (int c = 0; c < COLUMNS; c++) {
-        PyTuple_SET_ITEM(views, c, out.views[c]); /* the tuple takes the reference */
+        PyTuple_SetItem(views, c, out.views[c]); /* the tuple takes the reference */
         out.views[c] = NULL;
     }
     /* N hands over the references (released by Py_BuildValue itself should it fail). */
@@ -318,16 +332,107 @@ done:
     return result;
 }
 
+/* ASCII whitespace as bytes.strip() strips it, and as str.isspace() sees it (which adds \x1c-\x1f). */
+static inline int strip_space(uint8_t c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
+static inline int any_space(uint8_t c) { return strip_space(c) || (c >= 0x1c && c <= 0x1f); }
+
+static PyObject *parse_headers(PyObject *Py_UNUSED(self), PyObject *arg) {
+    char *data;
+    Py_ssize_t length;
+    if (PyBytes_AsStringAndSize(arg, &data, &length) < 0) return NULL;
+    const uint8_t *at = (const uint8_t *)data, *end = at + length;
+    for (const uint8_t *p = at; p < end; p++) {
+        if (*p & 0x80) Py_RETURN_NONE;
+    }
+    PyObject *fields = PyDict_New();
+    if (fields == NULL) return NULL;
+    const uint8_t *line = at;
+    for (;;) {
+        /* The line ends at the next CRLF (a lone CR or LF stays inside it, as in nats-py). */
+        const uint8_t *eol = line;
+        while (eol < end && !(eol[0] == '\r' && eol + 1 < end && eol[1] == '\n')) eol++;
+        const uint8_t *colon = memchr(line, ':', (size_t)(eol - line));
+        if (colon != NULL) {
+            const uint8_t *ls = line, *le = colon;
+            while (ls < le && strip_space(*ls)) ls++;
+            while (le > ls && strip_space(le[-1])) le--;
+            int inner_space = 0;
+            for (const uint8_t *p = ls; p < le; p++) {
+                if (any_space(*p)) {
+                    inner_space = 1;
+                    break;
+                }
+            }
+            if (!inner_space) {
+                const uint8_t *vs = colon + 1, *ve = eol;
+                while (vs < ve && strip_space(*vs)) vs++;
+                while (ve > vs && strip_space(ve[-1])) ve--;
+                PyObject *key = PyUnicode_DecodeASCII((const char *)ls, le - ls, NULL);
+                PyObject *value = key == NULL ? NULL : PyUnicode_DecodeASCII((const char *)vs, ve - vs, NULL);
+                int failed = value == NULL || PyDict_SetItem(fields, key, value) < 0;
+                Py_XDECREF(key);
+                Py_XDECREF(value);
+                if (failed) {
+                    Py_DECREF(fields);
+                    return NULL;
+                }
+            }
+        }
+        if (eol >= end) break;
+        line = eol + 2;
+    }
+    return fields;
+}
+
+static PyObject *set_headers(PyObject *Py_UNUSED(self), PyObject *args) {
+    if (!PyTuple_Check(args) || PyTuple_Size(args) != NAMED) {
+        PyErr_Format(PyExc_TypeError, "headers() takes the %d header names as bytes", NAMED);
+        return NULL;
+    }
+    char given[NAMED][64];
+    Py_ssize_t lengths[NAMED];
+    for (int i = 0; i < NAMED; i++) {
+        char *name;
+        if (PyBytes_AsStringAndSize(PyTuple_GetItem(args, i), &name, &lengths[i]) < 0) return NULL;
+        if (lengths[i] < 1 || lengths[i] >= 64) {
+            PyErr_SetString(PyExc_ValueError, "headers(): a header name must have 1 to 63 bytes");
+            return NULL;
+        }
+        memcpy(given[i], name, (size_t)lengths[i]);
+    }
+    memcpy(names, given, sizeof(names));
+    memcpy(name_length, lengths, sizeof(name_length));
+    named = 1;
+    Py_RETURN_NONE;
+}
+
+static PyObject *get_names(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(ignored)) {
+    PyObject *out = PyTuple_New(NAMED);
+    if (out == NULL) return NULL;
+    for (int i = 0; i < NAMED; i++) {
+        PyObject *name = PyBytes_FromStringAndSize(names[i], named ? name_length[i] : 0);
+        if (name == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyTuple_SetItem(out, i, name);
+    }
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS, "Frame a run of JetStream messages into Arrow views (see the module source)."},
+    {"parse_headers", parse_headers, METH_O, "A NATS header block as nats-py parses it; None if it is not ASCII."},
+    {"headers", set_headers, METH_VARARGS, "Set the header names of the scanner's columns, from eventstore.wire."},
+    {"names", get_names, METH_NOARGS, "The header names headers() set, in its order."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_frames", "Native framing of bulk JetStream reads.", -1, methods, NULL, NULL, NULL, NULL,
+    PyModuleDef_HEAD_INIT, "_native", "The native accelerator of bulk reads.", -1, methods, NULL, NULL, NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__frames(void) {
+PyMODINIT_FUNC PyInit__native(void) {
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     if (PyModule_AddIntConstant(m, "COLUMNS", COLUMNS) < 0 || PyModule_AddIntConstant(m, "VIEW_SIZE", sizeof(View)) < 0) {
