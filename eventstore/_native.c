@@ -10,6 +10,9 @@
  * parse_headers(block) parses a NATS header block ("NATS/1.0\r\nName: value\r\n...") into a dict exactly
  * as nats-py does; None for a block that is not ASCII (the Python twin handles those).
  *
+ * messages(buf, pos, sid, ack_prefix) frames a run of the consumer's messages as scan does, for any writer's
+ * headers and subjects, into Python lists (positions, subjects, header dicts, bodies): every replay's path.
+ *
  * scan(buf, pos, sid, ack_prefix, subject_prefix) reads consecutive complete
  *
  *     HMSG <subject> <sid> <ack_prefix><delivered>.<sseq>.<dseq>.<ts>.<pending> <hlen> <tlen>\r\n
@@ -336,13 +339,15 @@ done:
 static inline int strip_space(uint8_t c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
 static inline int any_space(uint8_t c) { return strip_space(c) || (c >= 0x1c && c <= 0x1f); }
 
-static PyObject *parse_headers(PyObject *Py_UNUSED(self), PyObject *arg) {
-    char *data;
-    Py_ssize_t length;
-    if (PyBytes_AsStringAndSize(arg, &data, &length) < 0) return NULL;
-    const uint8_t *at = (const uint8_t *)data, *end = at + length;
+/* A header block's fields as nats-py parses them: a new dict; Py_None (a new reference) when the block is not
+ * ASCII; NULL with an exception on failure. */
+static PyObject *header_dict(const uint8_t *at, Py_ssize_t length) {
+    const uint8_t *end = at + length;
     for (const uint8_t *p = at; p < end; p++) {
-        if (*p & 0x80) Py_RETURN_NONE;
+        if (*p & 0x80) {
+            Py_INCREF(Py_None);
+            return Py_None;
+        }
     }
     PyObject *fields = PyDict_New();
     if (fields == NULL) return NULL;
@@ -384,6 +389,93 @@ static PyObject *parse_headers(PyObject *Py_UNUSED(self), PyObject *arg) {
     return fields;
 }
 
+static PyObject *parse_headers(PyObject *Py_UNUSED(self), PyObject *arg) {
+    char *data;
+    Py_ssize_t length;
+    if (PyBytes_AsStringAndSize(arg, &data, &length) < 0) return NULL;
+    return header_dict((const uint8_t *)data, length);
+}
+
+/* messages(buf, pos, sid, ack_prefix): like scan, a run of consecutive HMSG frames of the consumer, any headers
+ * and subjects, their header blocks parsed (an ASCII block each). Returns (end, count, first_dseq, last_dseq,
+ * pending, positions, subjects, headers, bodies): lists of ints, bytes, dicts and bytes. */
+static PyObject *messages(PyObject *Py_UNUSED(self), PyObject *args) {
+    Py_buffer buf, sid, prefix;
+    Py_ssize_t pos;
+    if (!PyArg_ParseTuple(args, "y*ny*y*", &buf, &pos, &sid, &prefix)) return NULL;
+    PyObject *result = NULL, *lists[4] = {NULL, NULL, NULL, NULL};
+    const uint8_t *base = buf.buf;
+    const Py_ssize_t size = buf.len;
+    Py_ssize_t count = 0;
+    int64_t first_dseq = 0, last_dseq = 0, pending = 0;
+    if (pos < 0 || pos > size) {
+        PyErr_SetString(PyExc_ValueError, "messages: pos out of range");
+        goto done;
+    }
+    for (int i = 0; i < 4; i++) {
+        if ((lists[i] = PyList_New(0)) == NULL) goto done;
+    }
+    while (size - pos >= 5 && memcmp(base + pos, "HMSG ", 5) == 0) {
+        Py_ssize_t line_start = pos + 5;
+        Py_ssize_t window = size - line_start < MAX_CONTROL_LINE ? size - line_start : MAX_CONTROL_LINE;
+        const uint8_t *cr = find(base + line_start, base + line_start + window, '\r');
+        if (cr == NULL || cr + 1 >= base + size || cr[1] != '\n') break;
+        Span tokens[5];
+        if (!split_exact(base + line_start, cr - (base + line_start), ' ', tokens, 5)) break;
+        if (tokens[1].length != sid.len || memcmp(tokens[1].at, sid.buf, (size_t)sid.len) != 0) break;
+        int64_t hlen = decimal(tokens[3].at, tokens[3].length);
+        int64_t tlen = decimal(tokens[4].at, tokens[4].length);
+        if (hlen < 0 || tlen < hlen) break;
+        Py_ssize_t block = (cr - base) + 2;
+        if (tlen > size - block - 2) break; /* incomplete */
+        Py_ssize_t frame_end = block + (Py_ssize_t)tlen;
+        if (base[frame_end] != '\r' || base[frame_end + 1] != '\n') break;
+        Span reply = tokens[2];
+        if (reply.length <= prefix.len || memcmp(reply.at, prefix.buf, (size_t)prefix.len) != 0) break;
+        Span numbers[5];
+        if (!split_exact(reply.at + prefix.len, reply.length - prefix.len, '.', numbers, 5)) break;
+        int64_t sseq = decimal(numbers[1].at, numbers[1].length);
+        int64_t dseq = decimal(numbers[2].at, numbers[2].length);
+        int64_t left = decimal(numbers[4].at, numbers[4].length);
+        if (sseq < 0 || dseq < 0 || left < 0 || decimal(numbers[0].at, numbers[0].length) < 0 ||
+            decimal(numbers[3].at, numbers[3].length) < 0)
+            break;
+        if (count > 0 && dseq != last_dseq + 1) break;
+        PyObject *fields = header_dict(base + block, (Py_ssize_t)hlen);
+        if (fields == NULL) goto done;
+        if (fields == Py_None) {
+            Py_DECREF(fields);
+            break; /* not ASCII: the Python framing takes it */
+        }
+        PyObject *items[4] = {
+            PyLong_FromLongLong((long long)sseq),
+            PyBytes_FromStringAndSize((const char *)tokens[0].at, tokens[0].length),
+            fields,
+            PyBytes_FromStringAndSize((const char *)(base + block + hlen), (Py_ssize_t)(tlen - hlen)),
+        };
+        int failed = 0;
+        for (int i = 0; i < 4; i++) {
+            failed = failed || items[i] == NULL || PyList_Append(lists[i], items[i]) < 0;
+            Py_XDECREF(items[i]);
+        }
+        if (failed) goto done;
+        if (count == 0) first_dseq = dseq;
+        last_dseq = dseq;
+        pending = left;
+        count++;
+        pos = frame_end + 2;
+    }
+    result = Py_BuildValue("(nnLLLNNNN)", pos, count, (long long)first_dseq, (long long)last_dseq,
+                           (long long)pending, lists[0], lists[1], lists[2], lists[3]);
+    for (int i = 0; i < 4; i++) lists[i] = NULL; /* N handed the references over */
+done:
+    for (int i = 0; i < 4; i++) Py_XDECREF(lists[i]);
+    PyBuffer_Release(&buf);
+    PyBuffer_Release(&sid);
+    PyBuffer_Release(&prefix);
+    return result;
+}
+
 static PyObject *set_headers(PyObject *Py_UNUSED(self), PyObject *args) {
     if (!PyTuple_Check(args) || PyTuple_Size(args) != NAMED) {
         PyErr_Format(PyExc_TypeError, "headers() takes the %d header names as bytes", NAMED);
@@ -423,6 +515,7 @@ static PyObject *get_names(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(ignore
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS, "Frame a run of JetStream messages into Arrow views (see the module source)."},
     {"parse_headers", parse_headers, METH_O, "A NATS header block as nats-py parses it; None if it is not ASCII."},
+    {"messages", messages, METH_VARARGS, "Frame a run of JetStream messages, headers parsed (see the module source)."},
     {"headers", set_headers, METH_VARARGS, "Set the header names of the scanner's columns, from eventstore.wire."},
     {"names", get_names, METH_NOARGS, "The header names headers() set, in its order."},
     {NULL, NULL, 0, NULL},

@@ -22,7 +22,7 @@ from typing import Final
 from .wire import Header
 from .wire import parse_header_lines as python_parse_header_lines
 
-__all__ = ["ACTIVE", "COLUMNS", "SCANNED_HEADERS", "ScanResult", "parse_header_lines", "scan"]
+__all__ = ["ACTIVE", "COLUMNS", "MessagesResult", "SCANNED_HEADERS", "ScanResult", "messages", "parse_header_lines", "scan"]
 
 COLUMNS: Final = 11
 """Columns of the scanner's views (see ``_native.c``)."""
@@ -71,3 +71,11 @@ correlation present, causation present); see ``_native.c``."""
 
 scan: Callable[[bytes, int, bytes, bytes, bytes], ScanResult] | None = None if _module is None else _module.scan
 """The scanner of the Spark reader's runs (its Python twin is that reader's Python framing), or None."""
+
+MessagesResult = tuple[int, int, int, int, int, list[int], list[bytes], list[dict[str, str]], list[bytes]]
+"""What :data:`messages` returns: (end, count, first_dseq, last_dseq, pending, positions, subjects, header
+dicts, bodies)."""
+
+messages: Callable[[bytes, int, bytes, bytes], MessagesResult] | None = None if _module is None else _module.messages
+"""The framing of every replay's runs, headers parsed (its Python twin is the bulk connection's framing plus
+:func:`parse_header_lines`), or None."""

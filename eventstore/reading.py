@@ -35,18 +35,35 @@ from nats.js.errors import NotFoundError
 
 from .append import Appender
 from .errors import map_nats_error
-from .jetstream.replay import Commits, OrderedReplay, Part
+from .jetstream.replay import Commits, NativeRun, OrderedReplay, Parsed, Part, Scanner
 from .jetstream.transport import SharedConnection
 from .events import RecordedEvent
 from .registry import TypeRegistry
 from .settings import EventStoreSettings
 from .streams import StreamId, filter_subjects
+from . import native
 from .native import parse_header_lines
 from .wire import Header, decode_commit
 
 __all__ = ["Reader", "Replayed", "StoredMessage"]
 
 _MAX_CACHED_STREAMS = 100_000
+
+
+def _parsed_scanner() -> Scanner | None:
+    """The native framing of replays into :class:`Parsed` runs, where the accelerator was built."""
+    frame = native.messages
+    if frame is None:
+        return None
+
+    def scan(data: bytes, pos: int, sid: bytes, ack_prefix: bytes) -> tuple[int, NativeRun | None]:
+        end, count, first, last, pending, positions, subjects, headers, bodies = frame(data, pos, sid, ack_prefix)
+        return (end, Parsed(first, last, pending, positions, subjects, headers, bodies)) if count else (pos, None)
+
+    return scan
+
+
+_SCANNER = _parsed_scanner()
 
 
 class Replayed(NamedTuple):
@@ -154,6 +171,7 @@ class Reader:
         return OrderedReplay(
             self._replays.get, self._settings.stream, start_seq=start, stop_seq=stop, filter_subjects=filters,
             live=live, batch=batch, heartbeat_s=heartbeat_s, api_timeout_s=self._settings.request_timeout_s, what=what,
+            scanner=_SCANNER,
         )
 
     async def replay(
@@ -192,15 +210,16 @@ class Reader:
         """The messages of another stream on this server (a dead-letter stream, say), in order, up to ``to_position``."""
         pull = OrderedReplay(
             self._replays.get, stream, stop_seq=to_position, filter_subjects=filter_subjects,
-            api_timeout_s=self._settings.request_timeout_s, what=f"Reading stream {stream!r}",
+            api_timeout_s=self._settings.request_timeout_s, what=f"Reading stream {stream!r}", scanner=_SCANNER,
         )
         async for parts in pull.batches():
             out: list[StoredMessage] = []
             for part in parts:
-                assert isinstance(part, Commits)  # no native scanner here
+                assert isinstance(part, Commits | Parsed)
+                blocks = part.headers if isinstance(part, Parsed) else map(parse_header_lines, part.headers)
                 out += [
-                    StoredMessage(seq, subject.decode(), parse_header_lines(block), body)
-                    for seq, subject, block, body in zip(part.positions, part.subjects, part.headers, part.bodies)
+                    StoredMessage(seq, subject.decode(), headers, body)
+                    for seq, subject, headers, body in zip(part.positions, part.subjects, blocks, part.bodies)
                 ]
             yield out
 
@@ -243,9 +262,9 @@ class Reader:
         registry, streams, prefix = self._registry, self._streams, self._prefix
         type_header = Header.TYPE
         for part in parts:
-            assert isinstance(part, Commits)  # this reader plugs in no native scanner
-            for seq, subject, block, body in zip(part.positions, part.subjects, part.headers, part.bodies):
-                headers = parse_header_lines(block)
+            assert isinstance(part, Commits | Parsed)  # the runs of this reader's scanner are Parsed
+            blocks = part.headers if isinstance(part, Parsed) else map(parse_header_lines, part.headers)
+            for seq, subject, headers, body in zip(part.positions, part.subjects, blocks, part.bodies):
                 if handled is not None:
                     types = headers.get(type_header)
                     if types is not None and types not in handled:

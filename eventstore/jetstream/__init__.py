@@ -5,10 +5,10 @@ lives here, once; the rest of the framework goes through these modules.
 """
 
 from .api import API_PREFIX, ErrorCode, Subjects, TRANSIENT_API_ERRORS
-from .replay import Commits, NativeRun, OrderedReplay, Part, Scanner, leader_has_message
+from .replay import Commits, NativeRun, OrderedReplay, Parsed, Part, Scanner, leader_has_message
 from .transport import BulkConnection, Raw, Receiver, SharedConnection
 
 __all__ = [
-    "API_PREFIX", "BulkConnection", "Commits", "ErrorCode", "NativeRun", "OrderedReplay", "Part", "Raw", "Receiver",
+    "API_PREFIX", "BulkConnection", "Commits", "ErrorCode", "NativeRun", "OrderedReplay", "Parsed", "Part", "Raw", "Receiver",
     "Scanner", "SharedConnection", "Subjects", "TRANSIENT_API_ERRORS", "leader_has_message",
 ]

@@ -46,7 +46,7 @@ from .api import API_PREFIX, Subjects
 from .transport import BulkConnection, Raw
 
 __all__ = [
-    "Commits", "NativeRun", "OrderedReplay", "Part", "Scanner", "leader_has_message",
+    "Commits", "NativeRun", "OrderedReplay", "Parsed", "Part", "Scanner", "leader_has_message",
 ]
 
 _NS = 1_000_000_000
@@ -86,6 +86,35 @@ class Commits:
         return f"position {self.positions[i]} on {self.subjects[i].decode(errors='replace')}"
 
 
+@dataclass(slots=True)
+class Parsed:
+    """A run of the consumer's messages framed natively, header blocks parsed (see :mod:`eventstore.native`)."""
+
+    first_dseq: int
+    last_dseq: int
+    pending: int
+    positions: list[int]
+    subjects: list[bytes]
+    headers: list[dict[str, str]]
+    bodies: list[bytes]
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    def position_list(self) -> Sequence[int]:
+        return self.positions
+
+    def head(self, keep: int) -> Parsed:
+        """The first ``keep`` messages."""
+        return Parsed(self.first_dseq, self.first_dseq + keep - 1, self.pending, self.positions[:keep],
+                      self.subjects[:keep], self.headers[:keep], self.bodies[:keep])
+
+    def tail(self, start: int) -> Parsed:
+        """The messages from ``start`` on."""
+        return Parsed(self.first_dseq + start, self.last_dseq, self.pending, self.positions[start:],
+                      self.subjects[start:], self.headers[start:], self.bodies[start:])
+
+
 class NativeRun(Protocol):
     """A run of consecutive messages of the current consumer, framed by a native scanner."""
 
@@ -100,7 +129,7 @@ class NativeRun(Protocol):
     def head(self, keep: int) -> NativeRun: ...
 
 
-Part: TypeAlias = "Commits | NativeRun"
+Part: TypeAlias = "Commits | Parsed | NativeRun"
 """What a yielded list holds: commits framed in Python, or a native scanner's runs."""
 
 Scanner = Callable[[bytes, int, bytes, bytes], "tuple[int, NativeRun | None]"]
@@ -208,9 +237,14 @@ _BATCH_ID = re.compile(rb"\r\n" + re.escape(Header.BATCH_ID.encode()) + rb":[ \t
 _BATCH_COMMIT = b"\r\n" + Header.BATCH_COMMIT.encode() + b":"
 
 
-def _batch_id(block: bytes) -> bytes | None:
+def _batch(part: Commits | Parsed, i: int) -> tuple[str | bytes | None, bool]:
+    """The atomic batch message ``i`` of ``part`` belongs to (None: none), and whether it is the batch's commit."""
+    if isinstance(part, Parsed):
+        headers = part.headers[i]
+        return headers.get(Header.BATCH_ID), Header.BATCH_COMMIT in headers
+    block = part.headers[i]
     found = _BATCH_ID.search(block)
-    return None if found is None else found.group(1)
+    return (None if found is None else found.group(1)), _BATCH_COMMIT in block
 
 
 def _append(out: list[Part], part: Part) -> None:
@@ -222,21 +256,34 @@ def _append(out: list[Part], part: Part) -> None:
         out.append(part)
 
 
-def _split_unfinished_batch(parts: list[Part]) -> tuple[list[Part], Commits | None]:
-    """``parts`` up to the end of the last whole atomic batch, and the commits after it of a batch whose commit
-    message is not among them (None when the last message is not in a batch, or is its commit)."""
+def _split_unfinished_batch(parts: list[Part]) -> tuple[list[Part], list[Part]]:
+    """``parts`` up to the end of the last whole atomic batch, and the messages after it of a batch whose commit
+    message is not among them (none when the last message is not in a batch, or is its commit)."""
     last = parts[-1]
-    if not isinstance(last, Commits):
-        return parts, None  # native runs are read by bounded reads only
-    block = last.headers[-1]
-    batch = _batch_id(block)
-    if batch is None or _BATCH_COMMIT in block:
-        return parts, None
-    cut = len(last) - 1
-    while cut > 0 and _batch_id(last.headers[cut - 1]) == batch:
-        cut -= 1
-    kept = parts[:-1] + ([last.head(cut)] if cut else [])
-    return kept, last.tail(cut)
+    if not isinstance(last, Commits | Parsed):
+        return parts, []  # the Spark scanner's runs are read by bounded reads only
+    batch, commit = _batch(last, len(last) - 1)
+    if batch is None or commit:
+        return parts, []
+    # Walk back over the messages of that batch, across parts.
+    p, cut = len(parts) - 1, len(last) - 1
+    while True:
+        part = parts[p]
+        assert isinstance(part, Commits | Parsed)
+        while cut > 0 and _batch(part, cut - 1)[0] == batch:
+            cut -= 1
+        if cut > 0 or p == 0 or not isinstance(parts[p - 1], Commits | Parsed):
+            break
+        previous = parts[p - 1]
+        assert isinstance(previous, Commits | Parsed)
+        if _batch(previous, len(previous) - 1)[0] != batch:
+            break
+        p, cut = p - 1, len(previous)
+    part = parts[p]
+    assert isinstance(part, Commits | Parsed)
+    kept = parts[:p] + ([part.head(cut)] if cut else [])
+    held = [part.tail(cut), *parts[p + 1 :]]
+    return kept, held
 
 
 class OrderedReplay:
@@ -296,7 +343,7 @@ class OrderedReplay:
         self._requests: deque[int] = deque()
         self._reset = False
         self._last_data = time.monotonic()  # when the consumer last delivered (or was created, or the leader asked)
-        self._held: Commits | None = None  # the end of an atomic batch not yet seen whole (live reads)
+        self._held: list[Part] = []  # the end of an atomic batch not yet seen whole (live reads)
         self._held_since = 0.0
 
     # -- the loop --------------------------------------------------------------------------------------------------
@@ -320,7 +367,7 @@ class OrderedReplay:
                             yield out
                         return
                     self._pending = None  # the consumer's replica lags the stream's leader: wait for it
-                if not out and self._held is not None and time.monotonic() - self._held_since >= self._heartbeat_s:
+                if not out and self._held and time.monotonic() - self._held_since >= self._heartbeat_s:
                     out = self._ready([], flush=True)  # quiet for heartbeat_s: whole, its commit filtered out
                     yield out
                     out = []
@@ -360,9 +407,8 @@ class OrderedReplay:
 
     def _ready(self, out: list[Part], *, flush: bool = False) -> list[Part]:
         """What may be handed over of ``out``: for a live read, not the end of an unfinished atomic batch."""
-        if self._held is not None:
-            merged: list[Part] = [self._held]
-            self._held = None
+        if self._held:
+            merged, self._held = self._held, []
             for part in out:
                 _append(merged, part)
             out = merged
