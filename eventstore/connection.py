@@ -1,9 +1,14 @@
 """The NATS connection the event store uses: nats-py's client with a faster header parser.
 
+This is the one module that touches nats-py's private members (its hooks are
+listed in :data:`HOOKS`, and a test fails on a nats-py release outside
+:data:`TESTED_NATS_PY`, which the package's pin names too). Replays do not go
+through nats-py at all (see :mod:`eventstore.jetstream.transport`).
+
 nats-py checks every character of every header name with a Python generator
-(``any(c.isspace() for c in key)``); on a replay that is most of the client's
-CPU, since every event carries about ten headers. This subclass parses the same
-header block with byte-level operations and returns the same dictionary.
+(``any(c.isspace() for c in key)``); an entity load reads about ten headers per
+commit. This subclass parses the same header block with
+:func:`eventstore.native.parse_header_lines` and returns the same dictionary.
 
 It also gives up at once on a first connection that retrying cannot fix (the
 server rejected the credentials, or TLS failed), where nats-py would retry until
@@ -29,7 +34,13 @@ from .errors import AuthenticationError
 from .security import redact_url
 from .native import parse_header_lines
 
-__all__ = ["Connection", "connect", "parse_header_lines"]
+__all__ = ["Connection", "HOOKS", "TESTED_NATS_PY", "connect", "parse_header_lines"]
+
+TESTED_NATS_PY = ("2.16",)
+"""The nats-py releases (major.minor) these hooks were tested against."""
+
+HOOKS = ("_parse_header_lines", "_process_info", "_current_server", "_error_cb", "options")
+"""The members of nats-py's ``Client`` this module relies on beyond its documented API."""
 
 log = logging.getLogger("jetsourcing.eventstore")
 
@@ -131,6 +142,10 @@ class Connection(Client):
         finally:
             self._error_cb = callback  # connected (or given up): errors from now on are the caller's
 
+
+    def reconnect_forever(self) -> None:
+        """From now on, reconnect after a lost connection until closed (the first connect's attempts were bounded)."""
+        self.options["max_reconnect_attempts"] = -1
 
     async def _close_after_failure(self) -> None:
         # Bounded: after a failed TLS handshake asyncio has closed the socket but never tells

@@ -227,7 +227,7 @@ class EventStore:
             ) from exc
         connection_log.connected = True
         if "max_reconnect_attempts" not in connect_options:
-            nc.options["max_reconnect_attempts"] = -1
+            nc.reconnect_forever()
         store = cls(nc, settings, registry, server=server)
         store._connection_log = connection_log
         if create_stream:

@@ -36,3 +36,25 @@ def test_fast_header_parser_agrees_with_nats_py_on_ascii_blocks(parse_header_lin
 def test_fast_header_parser_on_a_real_commit(parse_header_lines) -> None:  # type: ignore[no-untyped-def]
     raw = b"Nats-Msg-Id: abc\r\nEs-Type: Deposited,Withdrawn\r\nEs-Version:  7 \r\nbad key: x\r\n\r\n"
     assert parse_header_lines(raw) == {"Nats-Msg-Id": "abc", "Es-Type": "Deposited,Withdrawn", "Es-Version": "7"}
+
+
+def test_the_nats_py_hooks_are_on_a_tested_release() -> None:
+    """eventstore.connection hooks into nats-py's private members: a release nobody tested fails here, loudly."""
+    import inspect
+
+    import nats.aio.client
+
+    from eventstore.connection import HOOKS, TESTED_NATS_PY
+
+    version = nats.aio.client.__version__
+    assert version.rsplit(".", 1)[0] in TESTED_NATS_PY, (
+        f"nats-py {version} is not among the releases eventstore/connection.py was tested with ({TESTED_NATS_PY}): "
+        "check its hooks against this release, then add it to TESTED_NATS_PY and the pin in pyproject.toml."
+    )
+    client = Client()
+    for name in HOOKS:
+        assert hasattr(client, name), f"nats-py's Client has no {name} any more"
+    assert isinstance(inspect.getattr_static(Client, "_parse_header_lines"), staticmethod)
+    assert list(inspect.signature(Client._parse_header_lines).parameters) == ["raw"]
+    assert list(inspect.signature(Client._process_info).parameters) == ["self", "info", "initial_connection"]
+    assert "max_reconnect_attempts" in inspect.getsource(Client.connect)  # read back from options on reconnect
