@@ -31,6 +31,7 @@ from typing import Any
 from nats.aio.client import Client as NATS
 from nats.errors import Error as NatsError
 from nats.errors import NoServersError
+from nats.js.errors import NotFoundError
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 from pydantic import BaseModel
 
@@ -576,8 +577,14 @@ class EventStore:
     async def info(self) -> StoreInfo:
         """The stream's last position, commit count and size."""
         timeout_s = self.settings.request_timeout_s
-        with map_nats_error(f"Reading the state of stream {self.settings.stream!r}", timeout_s):
-            state = (await self.nc.jetstream(timeout=timeout_s).stream_info(self.settings.stream)).state
+        try:
+            with map_nats_error(f"Reading the state of stream {self.settings.stream!r}", timeout_s):
+                state = (await self.nc.jetstream(timeout=timeout_s).stream_info(self.settings.stream)).state
+        except NotFoundError as exc:
+            raise StreamConfigError(
+                f"There is no stream {self.settings.stream!r} on the server: create it with EventStore.connect() "
+                "(which does) or store.ensure_stream(), or check the stream setting (JETSOURCING_STREAM)."
+            ) from exc
         return StoreInfo(self.settings.stream, state.last_seq, state.first_seq, state.messages, state.bytes)
 
     async def pending(self, after: int, categories: Sequence[str] | None = None) -> Pending:

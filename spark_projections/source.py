@@ -76,7 +76,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
-from eventstore import EventStoreSettings, ServerUnavailableError
+from eventstore import EventStore, EventStoreError, EventStoreSettings, ServerUnavailableError
 from eventstore.jetstream import Subjects
 from spark_projections._batches import EVENTS_SCHEMA
 from spark_projections._options import DEFAULT_BATCH, Options
@@ -254,7 +254,12 @@ async def stream_bounds(settings: EventStoreSettings) -> tuple[int, int]:
     """The (first, last) position of ``settings``' stream, asked from the server; (1, 0) when it is empty."""
     if settings.nats_url is None:
         raise EventSourceError("stream_bounds needs settings.nats_url (or NATS_URL).")
-    return await _stream_bounds(Options.parse(_settings_options(settings)))
+    try:
+        async with EventStore.connect(settings, create_stream=False) as store:
+            info = await store.info()
+    except EventStoreError as exc:
+        raise EventSourceError(str(exc)) from exc
+    return (info.first_position or 1), info.last_position
 
 
 async def _stream_bounds(opts: Options) -> tuple[int, int]:

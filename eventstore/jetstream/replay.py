@@ -40,9 +40,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypeAlias
 
-from ..errors import ServerUnavailableError, server_unavailable
+from ..errors import ServerUnavailableError, StreamConfigError, server_unavailable
 from ..wire import Header
-from .api import API_PREFIX, Subjects
+from .api import API_PREFIX, ErrorCode, Subjects
 from .transport import BulkConnection, Raw
 
 __all__ = [
@@ -606,7 +606,13 @@ class OrderedReplay:
                 conn = await self._connection(deadline)
                 body = json.dumps({"stream_name": self._stream, "config": {**config, "name": name}}).encode()
                 info = await _api(conn, self._api.consumer_create(name), body, timeout_s, self._what)
-                if "error" in info:
+                error = info.get("error")
+                if isinstance(error, dict) and error.get("err_code") == ErrorCode.STREAM_NOT_FOUND:
+                    raise StreamConfigError(
+                        f"{self._what}: there is no stream {self._stream!r} on the server. Create it (EventStore.connect() "
+                        "or store.ensure_stream() do), or check the stream setting."
+                    )
+                if error is not None:
                     raise ServerUnavailableError(
                         f"{self._what}: JetStream refused the consumer: {info['error']}. Check that the stream exists."
                     )

@@ -10,6 +10,7 @@ from eventstore import (
     EventDecodeError,
     EventStore,
     Pending,
+    StreamConfigError,
     StreamId,
     TypeRegistry,
     UnknownEventTypeError,
@@ -182,3 +183,13 @@ async def test_unknown_types_and_bad_payloads_raise_on_read(store: EventStore, n
             event.data
     finally:
         await mismatched.close()
+
+
+async def test_info_and_a_replay_of_a_missing_stream_say_so_clearly(nats_url: str) -> None:
+    async with EventStore.connect(unique_settings(nats_url), create_stream=False) as store:
+        with pytest.raises(StreamConfigError, match="There is no stream"):
+            await store.info()
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(StreamConfigError, match="there is no stream"):
+            [batch async for batch in store.read_all(to_position=10)]
+        assert asyncio.get_running_loop().time() - started < 1.0  # told at once, not retried
