@@ -22,6 +22,7 @@ from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
 
 from .errors import ServerUnavailableError, server_unavailable
+from .wire import Header
 
 __all__ = ["Inbox", "TRANSIENT_API_ERRORS"]
 
@@ -59,7 +60,7 @@ class Inbox:
         msgs.append(msg)
         if future.done():
             return
-        if not many or (msg.headers and "Status" in msg.headers):
+        if not many or (msg.headers and Header.STATUS in msg.headers):
             future.set_result(msgs)
 
     async def request(
