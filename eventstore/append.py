@@ -67,7 +67,8 @@ from .errors import (
     StreamConfigError,
 )
 from .events import ANY, NO_STREAM, AppendResult, ExpectedVersion, StreamState
-from .inbox import Inbox
+from .jetstream.inbox import Inbox
+from .jetstream.api import ErrorCode, Subjects
 from .registry import TypeRegistry
 from .settings import EventStoreSettings
 from .streams import StreamId
@@ -91,7 +92,6 @@ __all__ = ["Appender", "EntityAppend", "MAX_ENTITIES_PER_APPEND"]
 MAX_ENTITIES_PER_APPEND = 1000
 """The server refuses atomic batches of more than 1,000 messages (one message per entity)."""
 
-_WRONG_LAST_SEQUENCE = 10071
 # Answers of a replicated stream's leader that mean "not now": the pre-check of its proposal cannot decide this send
 # while another write it concerns is proposed but not yet applied (an earlier send of this very append, or another
 # writer's append to the entity); nothing of this send is stored, and a resend once that write lands is answered
@@ -99,16 +99,9 @@ _WRONG_LAST_SEQUENCE = 10071
 # JSStreamDuplicateMessageConflict (the msg id in process), JSStreamWrongLastSequenceConstantErr (the subject in
 # process; nats-py's key-value code takes it for a conflict, which it is not yet), and
 # JSStreamExpectedLastSeqPerSubjectNotReady.
-_NOT_NOW: Final = {10158: "its msg id is in process", 10164: "a write to its subject is in process",
-                   10163: "the subject's last sequence is not known yet"}
-_BATCH_DUPLICATE_MSG_ID = 10201
-_ATOMIC_DISABLED = 10174
-_BATCH_INCOMPLETE = 10176  # the server lost staged messages of the batch (a restart, a failed staging write)
-_BATCH_TOO_MANY_INFLIGHT = 10210
-_STREAM_NOT_FOUND = 10059
-_MESSAGE_TOO_LARGE = 10054  # server-side max payload / max msg size refusals
-_STREAM_FULL = 10077  # max_msgs / max_bytes reached with discard new
-_INSUFFICIENT_RESOURCES = 10023  # the server's JetStream storage limit (max_file_store) is reached
+_NOT_NOW: Final = {ErrorCode.MSG_ID_IN_PROCESS: "its msg id is in process",
+                   ErrorCode.SUBJECT_WRITE_IN_PROCESS: "a write to its subject is in process",
+                   ErrorCode.LAST_SEQUENCE_UNKNOWN: "the subject's last sequence is not known yet"}
 # A scan of the stream between from_position and the last commit costs the server about 0.1 us per message;
 # a walk costs a round trip (~0.3 ms) per PREVIOUS_COMMITS commits. So a span this small is always scanned,
 # and so is an entity whose last PREVIOUS_COMMITS commits lie within this many messages each (dense: a scan
@@ -238,6 +231,7 @@ class Appender:
         self._nc = nc
         self._inbox = inbox
         self._settings = settings
+        self._subjects = Subjects(settings.stream)
         self._registry = registry
         # stream -> (version, position, back pointers of the commit at position, when known)
         self._known: OrderedDict[StreamId, tuple[int, int, tuple[int, ...] | None]] = OrderedDict()
@@ -268,7 +262,7 @@ class Appender:
         wait = LeaderWait(self._settings.request_timeout_s)
         while True:
             msgs = await self._inbox.request(
-                f"$JS.API.DIRECT.GET.{self._settings.stream}",
+                self._subjects.direct_get(),
                 json.dumps(payload).encode(),
                 self._settings.request_timeout_s,
                 what=what,
@@ -299,7 +293,7 @@ class Appender:
         wait = LeaderWait(self._settings.request_timeout_s)
         while True:
             msgs = await self._inbox.request_each(
-                f"$JS.API.DIRECT.GET.{self._settings.stream}",
+                self._subjects.direct_get(),
                 [b'{"seq":%d}' % p for p in positions],
                 self._settings.request_timeout_s,
                 what=what,
@@ -651,13 +645,13 @@ class Appender:
         subjects; None when it exists as needed, or no answer came within ``timeout_s``."""
         stream, prefix = self._settings.stream, self._settings.subject_prefix
         try:
-            (reply,) = await self._inbox.request(f"$JS.API.STREAM.INFO.{stream}", b"", timeout_s, what=what)
+            (reply,) = await self._inbox.request(self._subjects.stream_info(), b"", timeout_s, what=what)
             info = json.loads(reply.data) if reply.data else {}
         except (ServerUnavailableError, ValueError):
             return None
         code = (info.get("error") or {}).get("err_code")
         subjects = (info.get("config") or {}).get("subjects")
-        if code == _STREAM_NOT_FOUND:
+        if code == ErrorCode.STREAM_NOT_FOUND:
             return StreamConfigError(
                 f"{what}: stream {stream!r} does not exist. Create it with EventStore.ensure_stream() "
                 "(EventStore.connect does, unless told not to)."
@@ -708,11 +702,11 @@ class Appender:
             last = int(ack["seq"])
             return [last - len(commits) + 1 + i for i in range(len(commits))], bool(ack.get("duplicate"))
         code = error.get("err_code")
-        if code == _WRONG_LAST_SEQUENCE:
+        if code == ErrorCode.WRONG_LAST_SEQUENCE:
             raise _Conflict
         if code in _NOT_NOW:
             raise _NotNow(_NOT_NOW[code])
-        if code == _BATCH_DUPLICATE_MSG_ID:
+        if code == ErrorCode.BATCH_DUPLICATE_MSG_ID:
             raise _Conflict(duplicate_id=True)
         description = error.get("description", "")
         # Refused as sent; but after an unanswered send, that earlier send may have been stored.
@@ -722,34 +716,34 @@ class Appender:
             if resent
             else "Nothing was stored."
         )
-        if code == _INSUFFICIENT_RESOURCES:
+        if code == ErrorCode.INSUFFICIENT_RESOURCES:
             raise StorageError(
                 f"The server refused the append to {commits[-1].request.stream_id}: JetStream's storage limit is "
                 f"reached ({description}). {stored} Every acknowledged event stays stored. Raise max_file_store in the "
                 "jetstream block of the server's configuration (by default 75% of the disk's free space when the "
                 "server started) or move its store_dir to a bigger disk, and restart the server."
             )
-        if code == _STREAM_NOT_FOUND:
+        if code == ErrorCode.STREAM_NOT_FOUND:
             raise StreamConfigError(f"Stream {self._settings.stream!r} does not exist; create it with EventStore.ensure_stream().")
-        if code == _STREAM_FULL:
+        if code == ErrorCode.STREAM_FULL:
             raise StreamConfigError(
                 f"Stream {self._settings.stream!r} is full ({description}): it has a max_msgs or max_bytes limit "
                 f"with discard policy new. {stored} Every stored event stays; raise the limit."
             )
-        if "maximum" in description or "too large" in description or code == _MESSAGE_TOO_LARGE:
+        if "maximum" in description or "too large" in description or code == ErrorCode.MESSAGE_TOO_LARGE:
             raise EventTooLargeError(f"The server refused the append as too large: {description}. {stored}")
-        if code == _BATCH_INCOMPLETE:
+        if code == ErrorCode.BATCH_INCOMPLETE:
             raise ServerUnavailableError(
                 f"The server refused the atomic append to {commits[-1].request.stream_id} and "
                 f"{len(commits) - 1} other entities as incomplete: it lost part of the batch before the commit (it "
                 f"restarted, or could not stage the batch on its disk). {stored} Retry the append."
             )
-        if code == _BATCH_TOO_MANY_INFLIGHT:
+        if code == ErrorCode.BATCH_TOO_MANY_INFLIGHT:
             raise ServerUnavailableError(
                 f"The server refused the atomic append to {commits[-1].request.stream_id} and {len(commits) - 1} "
                 f"other entities: too many atomic batches are in flight on the stream. {stored} Retry after a pause."
             )
-        if code == _ATOMIC_DISABLED or ("atomic" in description and "disabled" in description):
+        if code == ErrorCode.ATOMIC_DISABLED or ("atomic" in description and "disabled" in description):
             raise StreamConfigError(
                 f"The server refused an atomic multi-entity append: {description}. The stream needs allow_atomic "
                 "(nats-server 2.12 or newer)."

@@ -27,6 +27,7 @@ from typing import Any
 import nats
 
 from .errors import EventStoreError
+from .jetstream.api import Subjects
 from .server import EmbeddedServer, _free_port
 
 __all__ = ["EmbeddedCluster"]
@@ -151,10 +152,10 @@ class EmbeddedCluster:
             config = {"name": name, "subjects": [f"_jetsourcing_probe.{name}"], "storage": "memory", "num_replicas": len(self.nodes)}
             nc = await nats.connect(self.urls, connect_timeout=1, max_reconnect_attempts=0, allow_reconnect=False)
             try:
-                reply = await nc.request(f"$JS.API.STREAM.CREATE.{name}", json.dumps(config).encode(), timeout=2)
+                reply = await nc.request(Subjects(name).stream_create(), json.dumps(config).encode(), timeout=2)
                 if "error" in json.loads(reply.data or b"{}") or not reply.data:
                     return False
-                await nc.request(f"$JS.API.STREAM.DELETE.{name}", b"", timeout=2)
+                await nc.request(Subjects(name).stream_delete(), b"", timeout=2)
                 return True
             finally:
                 await nc.close()

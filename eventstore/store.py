@@ -40,7 +40,9 @@ from .append import Appender, EntityAppend
 from .connection import connect as connect_nats
 from .errors import AuthenticationError, InvalidArgumentError, ServerUnavailableError, StreamConfigError, map_nats_error
 from .events import ANY, AppendResult, ExpectedVersion, RecordedEvent, StreamState
-from .inbox import Inbox
+from .jetstream.inbox import Inbox
+from .jetstream.api import ErrorCode, Subjects
+from .jetstream.durable import DurableConsumer
 from .jetstream.transport import SharedConnection
 from .reading import Reader, Replayed, StoredMessage
 from .registry import TypeRegistry
@@ -56,8 +58,6 @@ __all__ = ["EntityInfo", "EventStore", "StoreInfo"]
 
 log = logging.getLogger("jetsourcing.eventstore")
 
-_STREAM_NOT_FOUND = 10059  # JetStream err_code
-_STREAM_NAME_IN_USE = 10058
 
 _MAX_BATCH = 100_000
 """The most messages one read batch may ask for (a batch is held in memory whole)."""
@@ -313,11 +313,11 @@ class EventStore:
         if config is None:
             name = self.settings.stream
             created = await self._inbox.api(
-                f"$JS.API.STREAM.CREATE.{name}", json.dumps(self.stream_config().as_dict()).encode(),
+                Subjects(name).stream_create(), json.dumps(self.stream_config().as_dict()).encode(),
                 self.settings.request_timeout_s, what=f"Creating stream {name!r}",
             )
             error = created.get("error")
-            if error is not None and error.get("err_code") != _STREAM_NAME_IN_USE:  # in use: another client raced us
+            if error is not None and error.get("err_code") != ErrorCode.STREAM_NAME_IN_USE:  # in use: another client raced us
                 raise StreamConfigError(
                     f"Could not create stream {name!r}: {error.get('description')} (err_code {error.get('err_code')})."
                 )
@@ -341,12 +341,12 @@ class EventStore:
         """
         name = self.settings.stream
         info = await self._inbox.api(
-            f"$JS.API.STREAM.INFO.{name}", b"", self.settings.request_timeout_s,
+            Subjects(name).stream_info(), b"", self.settings.request_timeout_s,
             what=f"Reading the settings of stream {name!r}",
         )
         error = info.get("error")
         if error is not None:
-            if error.get("err_code") == _STREAM_NOT_FOUND:
+            if error.get("err_code") == ErrorCode.STREAM_NOT_FOUND:
                 return None
             raise StreamConfigError(f"Could not read the settings of stream {name!r}: {error.get('description')}.")
         config: dict[str, Any] = info["config"]
@@ -484,15 +484,49 @@ class EventStore:
             from_position=from_position, to_position=to_position, categories=categories, batch=batch
         )
 
+    def durable_consumer(self, name: str, *, stream: str | None = None) -> DurableConsumer:
+        """The durable consumer ``name`` of ``stream`` (default: the event stream), for code that acknowledges.
+
+        Its JetStream calls are resent while JetStream is between leaders, within
+        ``request_timeout_s``; see :class:`~eventstore.jetstream.DurableConsumer`.
+        """
+        for what, value in (("name", name), ("stream", stream)):
+            if value is None and what == "stream":
+                continue
+            if not isinstance(value, str) or not value or any(c in value for c in " .*>\t\r\n"):
+                raise InvalidArgumentError(
+                    f"{what} must be a JetStream name (no spaces, '.', '*' or '>'), not {value!r}."
+                )
+        return DurableConsumer(self.nc, self._inbox, stream or self.settings.stream, name,
+                               api_timeout_s=self.settings.request_timeout_s)
+
     def read_messages(
-        self, stream: str, *, to_position: int, filter_subjects: Sequence[str] = ()
+        self, stream: str, *, to_position: int | None = None, filter_subjects: Sequence[str] = ()
     ) -> AsyncIterator[list[StoredMessage]]:
         """Every message of ``stream`` (another stream on this server: a dead-letter stream, say) matching
-        ``filter_subjects``, in order, exactly once, up to ``to_position``, in batches."""
+        ``filter_subjects``, in order, exactly once, in batches, up to ``to_position`` (default: the stream's
+        last position at the start). A stream that does not exist raises :class:`StreamConfigError`."""
         if not isinstance(stream, str) or not stream or any(c in stream for c in " .*>\t\r\n"):
             raise InvalidArgumentError(f"stream must be a JetStream stream name (no spaces, '.', '*' or '>'), not {stream!r}.")
-        check_int("to_position", to_position, 0, what="a position")
-        return self._reader.read_messages(stream, to_position=to_position, filter_subjects=list(filter_subjects))
+        check_optional_int("to_position", to_position, 0, what="a position")
+        return self._read_messages(stream, to_position, list(filter_subjects))
+
+    async def _read_messages(
+        self, stream: str, to_position: int | None, filter_subjects: list[str]
+    ) -> AsyncIterator[list[StoredMessage]]:
+        if to_position is None:
+            info = await self._inbox.api(
+                Subjects(stream).stream_info(), b"", self.settings.request_timeout_s,
+                what=f"Reading the last position of stream {stream!r}",
+            )
+            error = info.get("error")
+            if error is not None:
+                raise StreamConfigError(f"Cannot read stream {stream!r}: {error.get('description')}.")
+            to_position = int((info.get("state") or {}).get("last_seq") or 0)
+        if to_position < 1:
+            return
+        async for batch in self._reader.read_messages(stream, to_position=to_position, filter_subjects=filter_subjects):
+            yield batch
 
     def replay(
         self,

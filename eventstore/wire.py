@@ -48,7 +48,9 @@ from .registry import TypeRegistry
 from .streams import StreamId
 
 __all__ = [
+    "DeadLetterHeader",
     "Header",
+    "NATS_HEADER_PREFIX",
     "PREVIOUS_COMMITS",
     "check_idempotency_key",
     "check_metadata",
@@ -62,6 +64,23 @@ __all__ = [
     "parse_header_lines",
     "utc_now_text",
 ]
+
+
+class DeadLetterHeader:
+    """The headers a reactor's dead letter carries on top of the original commit's ``Es-*`` headers."""
+
+    REACTOR: Final = "Es-Dlq-Reactor"
+    REASON: Final = "Es-Dlq-Reason"
+    ERROR: Final = "Es-Dlq-Error"
+    DELIVERIES: Final = "Es-Dlq-Deliveries"
+    POSITION: Final = "Es-Dlq-Position"
+    SUBJECT: Final = "Es-Dlq-Subject"
+    STREAM: Final = "Es-Dlq-Stream"
+    AT: Final = "Es-Dlq-At"
+
+
+NATS_HEADER_PREFIX: Final = "Nats-"
+"""How the names of the headers the server acts on begin (message ids, expectations, batches)."""
 
 
 class Header:

@@ -28,6 +28,7 @@ from nats.js.errors import BadRequestError, KeyNotFoundError, KeyWrongLastSequen
 from nats.js.kv import KeyValue
 
 from eventstore import Backoff, stop_task
+from eventstore.jetstream import ErrorCode
 
 from .errors import LeaseError
 
@@ -35,7 +36,6 @@ __all__ = ["Lease", "new_owner_id", "open_lease_bucket"]
 
 log = logging.getLogger("projections")
 
-_STREAM_NAME_IN_USE = 10058
 
 
 def new_owner_id() -> str:
@@ -57,7 +57,7 @@ async def open_lease_bucket(
         kv = await js.create_key_value(KeyValueConfig(bucket=bucket, ttl=ttl_s, history=1, replicas=replicas))
         return kv, ttl_s
     except BadRequestError as exc:
-        if exc.err_code != _STREAM_NAME_IN_USE:
+        if exc.err_code != ErrorCode.STREAM_NAME_IN_USE:
             raise LeaseError(f"Could not create the lease bucket {bucket!r}: {exc}") from exc
     kv = await js.key_value(bucket)
     status = await kv.status()

@@ -22,15 +22,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
-from typing import Final
 
 from nats.aio.client import Client as NATS
 from nats.errors import Error as NatsError
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import NotFoundError
 
-from eventstore import EventStore, EventStoreError, EventStoreSettings, RecordedEvent, StreamId
-from eventstore.wire import decode_commit, utc_now_text
+from eventstore import EventStore, EventStoreError, EventStoreSettings, Header, RecordedEvent, StreamConfigError, StreamId
+from eventstore.jetstream import ErrorCode
+from eventstore.wire import NATS_HEADER_PREFIX, DeadLetterHeader, decode_commit, utc_now_text
 
 from .reactor_errors import DeadLetterStreamError
 
@@ -45,7 +45,6 @@ __all__ = [
     "read_reactor_dead_letters",
 ]
 
-_STREAM_NAME_IN_USE = 10058
 _MAX_ERROR_TEXT = 1000
 
 
@@ -58,19 +57,6 @@ class DeadLetterReason(str, Enum):
     """The event failed on each of the reactor's ``max_deliver`` deliveries."""
     UNDECODABLE = "undecodable"
     """The stored commit could not be decoded into events (it was not written by jetsourcing)."""
-
-
-class DeadLetterHeader:
-    """The headers a dead letter carries on top of the original commit's ``Es-*`` headers."""
-
-    REACTOR: Final = "Es-Dlq-Reactor"
-    REASON: Final = "Es-Dlq-Reason"
-    ERROR: Final = "Es-Dlq-Error"
-    DELIVERIES: Final = "Es-Dlq-Deliveries"
-    POSITION: Final = "Es-Dlq-Position"
-    SUBJECT: Final = "Es-Dlq-Subject"
-    STREAM: Final = "Es-Dlq-Stream"
-    AT: Final = "Es-Dlq-At"
 
 
 def dead_letter_stream(settings: EventStoreSettings) -> str:
@@ -140,7 +126,7 @@ async def ensure_dead_letter_stream(store: EventStore) -> str:
                 await js.add_stream(config)
                 return name
             except NatsError as exc:
-                if getattr(exc, "err_code", None) == _STREAM_NAME_IN_USE:
+                if getattr(exc, "err_code", None) == ErrorCode.STREAM_NAME_IN_USE:
                     continue  # another worker created it just now
                 raise DeadLetterStreamError(f"Could not create the dead-letter stream {name!r}: {exc}") from exc
         except (NatsError, asyncio.TimeoutError) as exc:
@@ -173,10 +159,10 @@ async def publish_dead_letter(
     sequences) are dropped: they would make the server deduplicate or reject
     the dead letter.
     """
-    out = {k: v for k, v in (headers or {}).items() if not k.startswith("Nats-")}
+    out = {k: v for k, v in (headers or {}).items() if not k.startswith(NATS_HEADER_PREFIX)}
     out.update(
         {
-            "Nats-Msg-Id": f"{reactor}:{position}",
+            Header.MSG_ID: f"{reactor}:{position}",
             DeadLetterHeader.REACTOR: reactor,
             DeadLetterHeader.REASON: reason.value,
             DeadLetterHeader.ERROR: _header_text(error) or "-",
@@ -207,40 +193,36 @@ async def read_reactor_dead_letters(store: EventStore, reactor: str | None = Non
     """Every dead letter (of ``reactor``, or of every reactor), oldest first; empty when there is no dead-letter stream."""
     settings = store.settings
     name = dead_letter_stream(settings)
-    js = store.nc.jetstream(timeout=settings.request_timeout_s)
-    try:
-        info = await js.stream_info(name)
-    except NotFoundError:
-        return []
-    if not info.state.messages:
-        return []
     letters: list[ReactorDeadLetter] = []
-    pages = store.read_messages(
-        name, to_position=info.state.last_seq or 0, filter_subjects=[dead_letter_subject(settings, reactor)]
-    )
-    async for page in pages:
-        for seq, _, headers, data in page:
-            position = int(headers.get(DeadLetterHeader.POSITION, "0"))
-            subject = headers.get(DeadLetterHeader.SUBJECT, "")
-            events: tuple[RecordedEvent, ...] = ()
-            try:
-                stream_id = StreamId.from_subject(subject, settings.subject_prefix)
-                events = tuple(decode_commit(stream_id, position, headers, data, store.registry))
-            except EventStoreError:
-                pass  # an undecodable commit: the raw headers and data are kept
-            letters.append(
-                ReactorDeadLetter(
-                    reactor=headers.get(DeadLetterHeader.REACTOR, ""),
-                    reason=DeadLetterReason(headers.get(DeadLetterHeader.REASON, DeadLetterReason.MAX_DELIVER.value)),
-                    error=headers.get(DeadLetterHeader.ERROR, ""),
-                    deliveries=int(headers.get(DeadLetterHeader.DELIVERIES, "0")),
-                    position=position,
-                    subject=subject,
-                    dead_lettered_at=datetime.fromisoformat(headers[DeadLetterHeader.AT]),
-                    dlq_position=seq,
-                    events=events,
-                    headers=headers,
-                    data=data,
-                )
-            )
+    pages = store.read_messages(name, filter_subjects=[dead_letter_subject(settings, reactor)])
+    try:
+        async for page in pages:
+            letters += [_letter(store, seq, headers, data) for seq, _, headers, data in page]
+    except StreamConfigError:
+        return []  # no dead-letter stream: nothing was ever dead-lettered
     return letters
+
+
+def _letter(store: EventStore, seq: int, headers: dict[str, str], data: bytes) -> ReactorDeadLetter:
+    """The dead letter stored at ``seq`` of the dead-letter stream."""
+    position = int(headers.get(DeadLetterHeader.POSITION, "0"))
+    subject = headers.get(DeadLetterHeader.SUBJECT, "")
+    events: tuple[RecordedEvent, ...] = ()
+    try:
+        stream_id = StreamId.from_subject(subject, store.settings.subject_prefix)
+        events = tuple(decode_commit(stream_id, position, headers, data, store.registry))
+    except EventStoreError:
+        pass  # an undecodable commit: the raw headers and data are kept
+    return ReactorDeadLetter(
+        reactor=headers.get(DeadLetterHeader.REACTOR, ""),
+        reason=DeadLetterReason(headers.get(DeadLetterHeader.REASON, DeadLetterReason.MAX_DELIVER.value)),
+        error=headers.get(DeadLetterHeader.ERROR, ""),
+        deliveries=int(headers.get(DeadLetterHeader.DELIVERIES, "0")),
+        position=position,
+        subject=subject,
+        dead_lettered_at=datetime.fromisoformat(headers[DeadLetterHeader.AT]),
+        dlq_position=seq,
+        events=events,
+        headers=headers,
+        data=data,
+    )

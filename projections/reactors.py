@@ -64,10 +64,9 @@ from typing import Any, Literal
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
-from nats.errors import NoRespondersError
 from pydantic import BaseModel
 
-from eventstore import Backoff, EventStore, EventStoreError, RecordedEvent, ServerUnavailableError, stop_task
+from eventstore import Backoff, EventStore, EventStoreError, Header, RecordedEvent, stop_task
 from eventstore.streams import validate_category
 
 from .reactor_dlq import DeadLetterReason, ensure_dead_letter_stream, publish_dead_letter
@@ -82,10 +81,6 @@ ReactorHandler = Callable[[RecordedEvent], Awaitable[object]]
 
 _NS = 1_000_000_000
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
-_CONSUMER_NOT_FOUND = 10014
-_STREAM_NOT_FOUND = 10059
-_JS_UNAVAILABLE = 10008  # "JetStream system temporarily unavailable": no meta or stream leader just now
-_CONSUMER_EXISTS = (10013, 10148)  # "consumer name already in use", "consumer already exists"
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,6 +333,7 @@ class ReactorWorker:
         self._expires_s = pull_expires_s if pull_expires_s is not None else (0.25 if until_idle else 2.0)
         self._api_timeout_s = store.settings.request_timeout_s
         self._stream = store.settings.stream
+        self._consumer = store.durable_consumer(reactor.name)
         self._handlers: dict[str, ReactorHandler] = {}
         self._inbox = ""
         self._pulls: dict[str, _Pull] = {}
@@ -379,73 +375,28 @@ class ReactorWorker:
             )
         self._ready = True
 
-    async def _api(self, subject: str, body: dict[str, object] | None = None) -> dict[str, Any]:
-        """JetStream's answer to ``$JS.API.<subject>``, retried with backoff for up to ``request_timeout_s``.
-
-        On a cluster, the consumer's or the stream's leader answers; between two
-        of them (an election, a stepped-down or lost leader) nobody does (no
-        responders, a timeout) or the server says JetStream is "temporarily
-        unavailable" (err_code 10008). Reading or creating a consumer is safe to
-        repeat. Still unanswered at the deadline: :class:`ServerUnavailableError`.
-        """
-        data = json.dumps(body or {}).encode()
-        backoff = Backoff(f"reactor {self.reactor.name}: {subject}", log, first_s=0.05, cap_s=1.0)
-        deadline = time.monotonic() + self._api_timeout_s
-        while True:
-            # Several tries fit the deadline: a request sent just before the connection's node died is never
-            # answered, and the one sent after the reconnect is.
-            timeout_s = max(0.05, min(max(1.0, self._api_timeout_s / 4), deadline - time.monotonic()))
-            failure: BaseException | str
-            try:
-                reply = await self.store.nc.request(f"$JS.API.{subject}", data, timeout=timeout_s)
-                answer: dict[str, Any] = json.loads(reply.data)
-                if (answer.get("error") or {}).get("err_code") != _JS_UNAVAILABLE:
-                    backoff.succeeded()
-                    return answer
-                failure = str(answer["error"].get("description"))
-            except (NatsError, asyncio.TimeoutError) as exc:
-                failure = exc
-            delay = backoff.failed(failure)
-            if time.monotonic() + delay >= deadline:
-                break
-            await asyncio.sleep(delay)
-        why = (
-            "JetStream did not answer (no responders)" if isinstance(failure, NoRespondersError)
-            else f"JetStream did not answer in {self._api_timeout_s}s ({failure or type(failure).__name__})"
-        )
-        raise ServerUnavailableError(
-            f"Reactor {self.reactor.name!r}: {why} to {subject}. On a cluster the stream or its consumer may have no "
-            "leader (an election, too few servers up for a quorum); else check that the server runs with JetStream "
-            "(-js). Retry."
-        )
-
     async def _ensure_consumer(self) -> None:
-        name, stream = self.reactor.name, self._stream
+        name, stream, consumer = self.reactor.name, self._stream, self._consumer
         wanted = self.reactor.consumer_config(self.store)
         for _ in range(3):
-            info = await self._api(f"CONSUMER.INFO.{stream}.{name}")
-            error = info.get("error")
-            if error is None:
-                await self._update_consumer(info["config"], wanted)
+            info = await consumer.info()
+            if info.error is None:
+                await self._update_consumer(info.info["config"], wanted)
                 return
-            code = error.get("err_code")
-            if code == _STREAM_NOT_FOUND:
+            if info.stream_not_found:
                 raise ReactorConsumerError(
                     f"Stream {stream!r} does not exist, so reactor {name!r} cannot start. Connect with "
                     "EventStore.connect() (which creates it) or call store.ensure_stream()."
                 )
-            if code != _CONSUMER_NOT_FOUND:
-                raise ReactorConsumerError(f"Could not read the consumer of reactor {name!r}: {error.get('description')}")
-            created = await self._api(
-                f"CONSUMER.CREATE.{stream}.{name}", {"stream_name": stream, "config": wanted, "action": "create"}
-            )
-            error = created.get("error")
-            if error is None:
+            if not info.not_found:
+                raise ReactorConsumerError(f"Could not read the consumer of reactor {name!r}: {info.description}")
+            created = await consumer.create(wanted)
+            if created.error is None:
                 log.info("reactor %s: created its consumer on stream %s, starting %s", name, stream, self.reactor.start)
                 return
-            if error.get("err_code") not in _CONSUMER_EXISTS:
+            if not created.exists_already:
                 raise ReactorConsumerError(
-                    f"The server refused to create the consumer of reactor {name!r}: {error.get('description')}. "
+                    f"The server refused to create the consumer of reactor {name!r}: {created.description}. "
                     "Check the reactor's settings (max_deliver, ack_wait_s, categories)."
                 )
             # Another worker created it at the same moment: read it and align it.
@@ -482,13 +433,11 @@ class ReactorWorker:
             merged["filter_subjects"] = wanted_filters
         if all(have.get(k) == merged[k] for k in _EDITABLE) and sorted(have_filters) == sorted(wanted_filters):
             return
-        updated = await self._api(
-            f"CONSUMER.CREATE.{self._stream}.{name}", {"stream_name": self._stream, "config": merged, "action": "update"}
-        )
-        if "error" in updated:
+        updated = await self._consumer.update(merged)
+        if updated.error is not None:
             raise ReactorConsumerError(
                 f"The server refused to update the consumer of reactor {name!r}: "
-                f"{updated['error'].get('description')}. Delete the consumer to recreate it with the new settings "
+                f"{updated.description}. Delete the consumer to recreate it with the new settings "
                 "(it then starts again from its start position)."
             )
         log.info("reactor %s: updated its consumer's settings", name)
@@ -521,7 +470,7 @@ class ReactorWorker:
         # A backstop for the last delivery of an event whose worker died: the server's advisory, which one
         # running worker of the reactor (a queue group) turns into a dead letter.
         advisories: Subscription | None = await nc.subscribe(
-            f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{self._stream}.{self.reactor.name}",
+            self._consumer.max_deliveries_subject(),
             queue=f"jetsourcing-reactor-{self.reactor.name}",
             cb=self._on_max_deliveries,
         )
@@ -590,7 +539,6 @@ class ReactorWorker:
                 pass
 
     async def _pull_loop(self) -> None:
-        nc = self.store.nc
         threshold = max(1, self.concurrency // 2)
         backoff = Backoff(f"reactor {self.reactor.name}: pull request", log, first_s=0.1, cap_s=5.0)
         while not self._stopping:
@@ -614,13 +562,8 @@ class ReactorWorker:
                 self._counter += 1
                 token = str(self._counter)
                 self._pulls[token] = _Pull(want, now + self._expires_s + 1.0)
-                request = {"batch": want, "expires": int(self._expires_s * _NS)}
                 try:
-                    await nc.publish(
-                        f"$JS.API.CONSUMER.MSG.NEXT.{self._stream}.{self.reactor.name}",
-                        json.dumps(request).encode(),
-                        reply=f"{self._inbox}.{token}",
-                    )
+                    await self._consumer.pull(want, self._expires_s, f"{self._inbox}.{token}")
                     backoff.succeeded()
                 except NatsError as exc:  # disconnected: nats-py reconnects; try again after a growing pause
                     del self._pulls[token]
@@ -635,12 +578,10 @@ class ReactorWorker:
                 await self._wake.wait()
 
     async def _idle(self) -> bool:
-        info = await self._api(f"CONSUMER.INFO.{self._stream}.{self.reactor.name}")
-        if "error" in info:
-            raise ReactorConsumerError(
-                f"The consumer of reactor {self.reactor.name!r} is gone: {info['error'].get('description')}"
-            )
-        return bool(info.get("num_pending", 0) == 0 and info.get("num_ack_pending", 0) == 0)
+        answer = await self._consumer.info()
+        if answer.error is not None:
+            raise ReactorConsumerError(f"The consumer of reactor {self.reactor.name!r} is gone: {answer.description}")
+        return bool(answer.info.get("num_pending", 0) == 0 and answer.info.get("num_ack_pending", 0) == 0)
 
     async def _on_msg(self, msg: Msg) -> None:
         if msg.reply:  # a message of the stream
@@ -659,7 +600,7 @@ class ReactorWorker:
         # A status message, on the request's own inbox, ends that request: 404/408 no (more) messages,
         # 409 refused or consumer gone. 100 is an idle heartbeat.
         headers = msg.headers or {}
-        status = headers.get("Status", "")
+        status = headers.get(Header.STATUS, "")
         if status == "100":
             return
         token = msg.subject.rsplit(".", 1)[-1]
@@ -668,7 +609,7 @@ class ReactorWorker:
             del self._pulls[token]
             if pull.received == 0 and status in ("404", "408"):
                 self._empty = True
-        if status == "409" and "Deleted" in headers.get("Description", ""):
+        if status == "409" and "Deleted" in headers.get(Header.DESCRIPTION, ""):
             self._failure = ReactorConsumerError(
                 f"The consumer of reactor {self.reactor.name!r} was deleted while its workers ran. Workers do not "
                 "recreate it (that would restart the reactor from its start position); restart them to do so."
@@ -799,11 +740,9 @@ class ReactorWorker:
         try:
             body = json.loads(advisory.data)
             position, deliveries = int(body["stream_seq"]), int(body.get("deliveries", 0))
-            found = await self.store.nc.request(
-                f"$JS.API.DIRECT.GET.{self._stream}", json.dumps({"seq": position}).encode(), timeout=self._api_timeout_s
-            )
+            found = await self._consumer.stored(position)
             headers = dict(found.headers or {})
-            if headers.get("Status"):
+            if headers.get(Header.STATUS):
                 raise DeadLetterStreamError(f"position {position} could not be read back: {headers}")
             stored = await publish_dead_letter(
                 self.store.nc, self.store.settings, reactor=self.reactor.name, reason=DeadLetterReason.MAX_DELIVER,
@@ -811,7 +750,7 @@ class ReactorWorker:
                     f"no verdict on delivery {deliveries} of {self.reactor.max_deliver}: the worker handling it "
                     "stopped or died, or the handler outlived ack_wait_s"
                 ),
-                deliveries=deliveries, position=position, subject=headers.get("Nats-Subject", ""), headers=headers,
+                deliveries=deliveries, position=position, subject=headers.get(Header.SUBJECT, ""), headers=headers,
                 data=found.data,
             )
         except Exception as exc:  # noqa: BLE001 - a callback must not raise; say what was lost

@@ -47,3 +47,34 @@ def test_eventstore_imports_none_of_the_other_layers() -> None:
                     assert module.split(".")[0] not in {"pyspark", "pyarrow", "pandas", "numpy", "delta"}, (
                         f"{path.name} imports {module}: the event store installs without Spark"
                     )
+
+
+def test_the_jetstream_wire_is_spelled_in_one_place() -> None:
+    """API subjects and error codes live in eventstore/jetstream/api.py, header names in eventstore/wire.py."""
+    import ast
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    allowed = {root / "eventstore" / "wire.py", root / "eventstore" / "jetstream" / "api.py"}
+    header = re.compile(r"(Nats|Es)-[A-Za-z-]+:?")
+    from eventstore.jetstream import ErrorCode
+
+    codes = {v for k, v in vars(ErrorCode).items() if k.isupper()}
+    found = []
+    for package in ("eventstore", "aggregates", "projections", "spark_projections", "samples"):
+        for path in sorted((root / package).rglob("*.py")):
+            if path in allowed:
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                value = node.value if isinstance(node, ast.Constant) else None
+                if isinstance(value, bytes):
+                    value = value.decode(errors="replace")
+                if (
+                    (isinstance(value, str) and (value.startswith("$JS.") or header.fullmatch(value)))
+                    or (isinstance(value, int) and not isinstance(value, bool) and value in codes)
+                ):
+                    found.append(f"{path.relative_to(root)}:{node.lineno}: {value!r}")
+        for path in sorted((root / package).rglob("*.c")):
+            found += [f"{path.relative_to(root)}: {m.group()}" for m in re.finditer(r'"(\$JS|Nats-|Es-)[^"]*"', path.read_text())]
+    assert not found, "spelled outside eventstore/wire.py and eventstore/jetstream/api.py:\n" + "\n".join(found)

@@ -4,11 +4,12 @@ Everything that speaks JetStream's protocol below nats-py's public client
 lives here, once; the rest of the framework goes through these modules.
 """
 
+from .durable import ConsumerAnswer, DurableConsumer
 from .api import API_PREFIX, ErrorCode, Subjects, TRANSIENT_API_ERRORS
 from .replay import Commits, NativeRun, OrderedReplay, Parsed, Part, Scanner, leader_has_message
 from .transport import BulkConnection, Raw, Receiver, SharedConnection
 
 __all__ = [
-    "API_PREFIX", "BulkConnection", "Commits", "ErrorCode", "NativeRun", "OrderedReplay", "Parsed", "Part", "Raw", "Receiver",
+    "API_PREFIX", "BulkConnection", "Commits", "ConsumerAnswer", "DurableConsumer", "ErrorCode", "NativeRun", "OrderedReplay", "Parsed", "Part", "Raw", "Receiver",
     "Scanner", "SharedConnection", "Subjects", "TRANSIENT_API_ERRORS", "leader_has_message",
 ]

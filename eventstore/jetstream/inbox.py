@@ -21,13 +21,12 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
 
-from .errors import ServerUnavailableError, server_unavailable
-from .wire import Header
+from ..errors import ServerUnavailableError, server_unavailable
+from ..wire import Header
+from .api import TRANSIENT_API_ERRORS
 
 __all__ = ["Inbox", "TRANSIENT_API_ERRORS"]
 
-TRANSIENT_API_ERRORS = frozenset({10008, 10009})
-"""JetStream's "temporarily unavailable" and "cluster can not handle request": answers while it is between leaders."""
 
 
 class Inbox:
