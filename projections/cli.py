@@ -22,10 +22,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import json
 import logging
-import os
 import sys
 import traceback
 from collections.abc import Sequence
@@ -35,43 +33,14 @@ from eventstore import EventStoreError, EventStoreSettings
 
 from .daemon import SignalShutdown, run_daemon
 from .errors import ProjectionError, ProjectionLoadError
+from .loading import load_projection
 from .progress import progress_for
 from .projection import ErrorPolicy, Projection
 from .rebuild import RebuildResult, rebuild
 from .settings import ProjectionSettings
 from .status import format_status, read_status
 
-__all__ = ["import_object", "load_projection", "main"]
-
-
-def import_object(path: str) -> object:
-    """Import ``module:attr`` (the current directory is importable) and return the attribute.
-
-    Raises :class:`ProjectionLoadError` saying what is wrong with the path.
-    """
-    module_name, sep, attr = path.partition(":")
-    if not sep or not module_name or not attr:
-        raise ProjectionLoadError(f"{path!r} is not an import path; write it as 'package.module:ProjectionClass'.")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ProjectionLoadError(f"Cannot import {module_name!r} (from {path!r}): {exc}") from exc
-    try:
-        return getattr(module, attr)
-    except AttributeError:
-        raise ProjectionLoadError(f"Module {module_name!r} has no attribute {attr!r} (from {path!r}).") from None
-
-
-def load_projection(path: str) -> Projection:
-    """Import ``module:Class`` (or ``module:instance``) and return a projection instance."""
-    obj = import_object(path)
-    if isinstance(obj, Projection):
-        return obj
-    if isinstance(obj, type) and issubclass(obj, Projection):
-        return obj()
-    raise ProjectionLoadError(f"{path!r} is {obj!r}, not a Projection subclass or instance.")
+__all__ = ["main"]
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -16,8 +16,21 @@ run in Spark), ``delta.py`` and ``session.py``. Modules, one job each:
 * :mod:`spark_projections.jars` - where the Delta jars come from (Maven or offline folder);
 * :mod:`spark_projections.java` - the Java 17+ check done before a JVM starts;
 * :mod:`spark_projections.errors` - the typed errors, each with a user-facing remedy;
-* :mod:`spark_projections.cli` - ``jetsourcing-spark check`` / ``fetch-delta-jars``.
+* :mod:`spark_projections.cli` - ``jetsourcing-spark``: ``check``, ``fetch-delta-jars``,
+  ``rebuild`` and ``update``.
+
+Spark and Delta are the ``[spark]`` extra: ``pip install 'jetsourcing[spark]'``. The event
+store, aggregates and projections install and import without them.
 """
+
+import importlib.util
+
+_MISSING = [name for name in ("pyspark", "delta", "pyarrow", "pandas") if importlib.util.find_spec(name) is None]
+if _MISSING:
+    raise ImportError(
+        f"jetsourcing's Spark projections need {', '.join(_MISSING)}, which come with the [spark] extra: "
+        "pip install 'jetsourcing[spark]'. The event store, aggregates and projections work without it."
+    )
 
 from .delta import HistoryEntry, WriteResult, full_rebuild, incremental_merge, latest_per_key, recorded_position, table_history
 from .errors import (

@@ -24,14 +24,23 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+from eventstore import EventStoreSettings
+from projections import Projection, ProjectionLoadError, import_object
 from spark_projections.errors import SparkProjectionError
-from spark_projections.projection import add_commands, run_command
+from spark_projections.projection import AnyProjection, DataFrameProjection, last_position, rebuild, update
 
-__all__ = ["main"]
+__all__ = ["add_commands", "load", "main", "run_command"]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI with ``argv`` (default: ``sys.argv[1:]``) and return the exit status."""
+def main(argv: Sequence[str] | None = None, *, spark: SparkSession | None = None) -> int:
+    """Run the CLI with ``argv`` (default: ``sys.argv[1:]``) and return the exit status.
+
+    ``spark``: a session to use instead of one from ``JETSOURCING_SPARK_*`` settings (tests, notebooks).
+    """
     parser = argparse.ArgumentParser(
         prog="jetsourcing-spark", description="Operate the Spark side of jetsourcing."
     )
@@ -48,11 +57,65 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "check":
             return _check()
         if args.command in ("rebuild", "update"):
-            return run_command(args)
+            return run_command(args, spark)
         return _fetch(args.dest, args.delta_version)
     except SparkProjectionError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+
+
+def load(path: str) -> AnyProjection:
+    """Import ``module:attr``: a Projection subclass or instance, or a DataFrameProjection."""
+    try:
+        obj = import_object(path)
+    except ProjectionLoadError as exc:
+        raise SparkProjectionError(str(exc)) from exc
+    if isinstance(obj, type) and issubclass(obj, Projection):
+        obj = obj()
+    if isinstance(obj, (Projection, DataFrameProjection)):
+        return obj
+    raise SparkProjectionError(f"{path!r} is {obj!r}, not a Projection or DataFrameProjection.")
+
+
+def add_commands(commands: Any) -> None:
+    """Add the ``rebuild`` and ``update`` sub-commands to an argparse sub-parsers object."""
+    for name, help_text in (
+        ("rebuild", "compute a projection's tables from the whole history into Delta (one commit per table)"),
+        ("update", "merge the events after the tables' recorded position into Delta (rebuilds if needed)"),
+    ):
+        command = commands.add_parser(name, help=help_text)
+        command.add_argument("projection", metavar="module:Projection")
+        command.add_argument("--root", required=True, help="folder of the Delta tables (<root>/<table>)")
+        command.add_argument("--nats-url", help="NATS server URL(s) (NATS_URL)")
+        command.add_argument("--stream", help="JetStream stream of the events (JETSOURCING_STREAM)")
+        command.add_argument("--subject-prefix", help="subject prefix of the events (JETSOURCING_SUBJECT_PREFIX)")
+        command.add_argument("--partitions", type=int, help="parallel stream reads (default: Spark's parallelism)")
+        command.add_argument("--to-position", type=int, help="last stream position to include (default: the last)")
+
+
+def run_command(args: argparse.Namespace, spark: SparkSession | None = None) -> int:
+    """Run a parsed ``rebuild`` / ``update`` command; prints one summary line per table.
+
+    Uses ``spark``, or a session from ``JETSOURCING_SPARK_*`` settings; the event store
+    settings come from the arguments, then ``NATS_URL`` / ``JETSOURCING_*``.
+    """
+    from spark_projections.session import spark_session
+
+    projection = load(args.projection)
+    overrides = {k: v for k, v in (("nats_url", args.nats_url), ("stream", args.stream),
+                                   ("subject_prefix", args.subject_prefix)) if v}
+    settings = EventStoreSettings(**overrides)
+    if spark is None:
+        last_position(settings)  # an unusable server fails in seconds, not after Spark's start-up
+    spark = spark or spark_session()
+    run = (rebuild if args.command == "rebuild" else update)(
+        spark, projection, settings, args.root, partitions=args.partitions, to_position=args.to_position
+    )
+    print(f"{run.projection}: {run.mode} to position {run.position} (app id {run.app_id})")
+    for name, result in run.tables.items():
+        state = "committed" if result.applied else "already recorded"
+        print(f"  {name}: {state}, table version {result.table_version}")
+    return 0
 
 
 def _check() -> int:

@@ -40,7 +40,7 @@ Example::
     rebuild(spark, AccountBalances(), settings, "/lake/accounts")   # /lake/accounts/balances, .../closures
     update(spark, AccountBalances(), settings, "/lake/accounts")    # later: only the new events
 
-From a shell: ``python -m spark_projections.projection rebuild myapp.views:AccountBalances --root /lake/accounts``.
+From a shell: ``jetsourcing-spark rebuild myapp.views:AccountBalances --root /lake/accounts``.
 
 Executors must import the projection's module (an installed package, or
 ``spark.sparkContext.addPyFile``). Handler errors fail the Spark job (the
@@ -49,11 +49,9 @@ daemon's ``dead_letter`` policy does not apply here).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import concurrent.futures
 import os
-import sys
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -78,8 +76,7 @@ from pyspark.sql.types import (
 )
 
 from eventstore import EventStoreSettings, RecordedEvent, StreamId, TypeRegistry
-from projections import MemoryStore, Projection, ProjectionLoadError, Table, fold
-from projections.cli import import_object
+from projections import MemoryStore, Projection, Table, fold
 from spark_projections.delta import WriteResult, full_rebuild, incremental_merge, recorded_position
 from spark_projections.errors import SparkProjectionError
 from spark_projections.source import EVENTS_SCHEMA, read_events, stream_bounds
@@ -90,12 +87,9 @@ __all__ = [
     "DataFrameProjection",
     "FoldConstraintError",
     "ProjectionRun",
-    "add_commands",
     "app_id_of",
     "fold_tables",
-    "main",
     "rebuild",
-    "run_command",
     "table_schema",
     "update",
 ]
@@ -235,7 +229,7 @@ def rebuild(
     alone (``applied=False``), so re-running after a crash finishes the job;
     when every table is, nothing is computed (``noop``).
     """
-    high = _last_position(settings) if to_position is None else to_position
+    high = last_position(settings) if to_position is None else to_position
     return _rebuild(spark, projection, settings, Path(root), registry, high, partitions, group_by)
 
 
@@ -259,7 +253,7 @@ def update(
     """
     root = Path(root)
     app_id = app_id_of(projection)
-    high = _last_position(settings) if to_position is None else to_position
+    high = last_position(settings) if to_position is None else to_position
     recorded = {recorded_position(spark, root / name, app_id) for name in table_names(projection)}
     if None in recorded or len(recorded) != 1:
         return _rebuild(spark, projection, settings, root, registry, high, partitions, group_by)
@@ -654,83 +648,6 @@ def _run_sync(coro: Coroutine[Any, Any, T]) -> T:
         return pool.submit(asyncio.run, coro).result()
 
 
-def _last_position(settings: EventStoreSettings) -> int:
+def last_position(settings: EventStoreSettings) -> int:
+    """The stream's last position, from synchronous code (a CLI checks the server with it before starting Spark)."""
     return _run_sync(stream_bounds(settings))[1]
-
-
-# -- command line --------------------------------------------------------------------------------
-
-
-def load(path: str) -> AnyProjection:
-    """Import ``module:attr``: a Projection subclass or instance, or a DataFrameProjection."""
-    try:
-        obj = import_object(path)
-    except ProjectionLoadError as exc:
-        raise SparkProjectionError(str(exc)) from exc
-    if isinstance(obj, type) and issubclass(obj, Projection):
-        obj = obj()
-    if isinstance(obj, (Projection, DataFrameProjection)):
-        return obj
-    raise SparkProjectionError(f"{path!r} is {obj!r}, not a Projection or DataFrameProjection.")
-
-
-def add_commands(commands: Any) -> None:
-    """Add the ``rebuild`` and ``update`` sub-commands to an argparse sub-parsers object."""
-    for name, help_text in (
-        ("rebuild", "compute a projection's tables from the whole history into Delta (one commit per table)"),
-        ("update", "merge the events after the tables' recorded position into Delta (rebuilds if needed)"),
-    ):
-        command = commands.add_parser(name, help=help_text)
-        command.add_argument("projection", metavar="module:Projection")
-        command.add_argument("--root", required=True, help="folder of the Delta tables (<root>/<table>)")
-        command.add_argument("--nats-url", help="NATS server URL(s) (NATS_URL)")
-        command.add_argument("--stream", help="JetStream stream of the events (JETSOURCING_STREAM)")
-        command.add_argument("--subject-prefix", help="subject prefix of the events (JETSOURCING_SUBJECT_PREFIX)")
-        command.add_argument("--partitions", type=int, help="parallel stream reads (default: Spark's parallelism)")
-        command.add_argument("--to-position", type=int, help="last stream position to include (default: the last)")
-
-
-def run_command(args: argparse.Namespace, spark: SparkSession | None = None) -> int:
-    """Run a parsed ``rebuild`` / ``update`` command; prints one summary line per table.
-
-    Uses ``spark``, or a session from ``JETSOURCING_SPARK_*`` settings; the event store
-    settings come from the arguments, then ``NATS_URL`` / ``JETSOURCING_*``.
-    """
-    from spark_projections.session import spark_session
-
-    projection = load(args.projection)
-    overrides = {k: v for k, v in (("nats_url", args.nats_url), ("stream", args.stream),
-                                   ("subject_prefix", args.subject_prefix)) if v}
-    settings = EventStoreSettings(**overrides)
-    if spark is None:
-        _last_position(settings)  # an unusable server fails in seconds, not after Spark's start-up
-    spark = spark or spark_session()
-    run = (rebuild if args.command == "rebuild" else update)(
-        spark, projection, settings, args.root, partitions=args.partitions, to_position=args.to_position
-    )
-    print(f"{run.projection}: {run.mode} to position {run.position} (app id {run.app_id})")
-    for name, result in run.tables.items():
-        state = "committed" if result.applied else "already recorded"
-        print(f"  {name}: {state}, table version {result.table_version}")
-    return 0
-
-
-def main(argv: Sequence[str] | None = None, *, spark: SparkSession | None = None) -> int:
-    """``python -m spark_projections.projection {rebuild,update} module:Projection --root DIR``.
-
-    Exit status 0 on success, 2 with a one-paragraph explanation on a
-    :class:`~spark_projections.errors.SparkProjectionError`.
-    """
-    parser = argparse.ArgumentParser(prog="python -m spark_projections.projection",
-                                     description="Materialise a projection into Delta tables with Spark.")
-    add_commands(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    try:
-        return run_command(args, spark)
-    except SparkProjectionError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

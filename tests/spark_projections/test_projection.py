@@ -26,10 +26,10 @@ from spark_projections.projection import (
     DataFrameProjection,
     FoldConstraintError,
     fold_tables,
-    main,
     rebuild,
     update,
 )
+from spark_projections.cli import main
 from spark_projections.source import read_events
 from spark_projections.typed import typed_events
 
