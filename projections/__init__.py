@@ -10,7 +10,7 @@ unhandled ones undecoded), ``applier.py`` (batches, exactly once, error
 policies), ``daemon.py`` (runners, leases from ``lease.py``, signals),
 ``rebuild.py`` (shadow replay and atomic switch), ``status.py``, ``cli.py``,
 ``progress.py``, ``settings.py``, ``connection.py`` and ``errors.py``.
-``reactors.py`` (side effects, not read models) is a separate family; see
+``reactors/`` (side effects, not read models) is a separate family; see
 the section marked ``# reactors`` below.
 """
 
@@ -37,16 +37,23 @@ from .status import ProjectionStatus, format_status, read_status
 from .store import DeadLetter, ReadModelStore
 from .tables import Table
 from .transaction import MemoryStore, Transaction, fold
-from .reactor_dlq import DeadLetterReason, ReactorDeadLetter, read_reactor_dead_letters
-from .reactor_errors import (
+from .progress import ProgressReporter, RichProgress, progress_for
+from .reactors import (
+    DeadLetterReason,
     DeadLetterStreamError,
     PoisonEvent,
+    Reactor,
     ReactorConfigError,
     ReactorConsumerError,
+    ReactorDeadLetter,
     ReactorError,
+    ReactorHandler,
+    ReactorStart,
+    ReactorStats,
+    ReactorWorker,
+    read_reactor_dead_letters,
+    run_reactor,
 )
-from .progress import ProgressReporter, RichProgress, progress_for
-from .reactors import Reactor, ReactorHandler, ReactorStart, ReactorStats, ReactorWorker, run_reactor
 
 __all__ = [
     "CheckpointConflictError",

@@ -20,7 +20,7 @@ reached raises :class:`eventstore.ServerUnavailableError`, as everywhere else.
 
 from __future__ import annotations
 
-from .errors import ProjectionError
+from ..errors import ProjectionError
 
 __all__ = ["DeadLetterStreamError", "PoisonEvent", "ReactorConfigError", "ReactorConsumerError", "ReactorError"]
 

@@ -32,7 +32,7 @@ from eventstore import EventStore, EventStoreError, EventStoreSettings, Header, 
 from eventstore.jetstream import ErrorCode
 from eventstore.wire import NATS_HEADER_PREFIX, DeadLetterHeader, decode_commit, utc_now_text
 
-from .reactor_errors import DeadLetterStreamError
+from .errors import DeadLetterStreamError
 
 __all__ = [
     "ReactorDeadLetter",

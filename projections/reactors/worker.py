@@ -6,7 +6,7 @@ JetStream pull consumer** with explicit acknowledgements, named after the
 reactor, shared by every worker that runs it. If you are here to read the
 code: :class:`Reactor` (the definition), :class:`ReactorStart`, then
 :class:`ReactorWorker` (the pull loop and the verdicts), then
-:mod:`.reactor_dlq` (dead letters) and :mod:`.reactor_errors`.
+:mod:`.dead_letters` and :mod:`.errors`.
 
 What a reactor guarantees:
 
@@ -69,8 +69,8 @@ from pydantic import BaseModel
 from eventstore import Backoff, EventStore, EventStoreError, Header, RecordedEvent, stop_task
 from eventstore.streams import validate_category
 
-from .reactor_dlq import DeadLetterReason, ensure_dead_letter_stream, publish_dead_letter
-from .reactor_errors import DeadLetterStreamError, PoisonEvent, ReactorConfigError, ReactorConsumerError, ReactorError
+from .dead_letters import DeadLetterReason, ensure_dead_letter_stream, publish_dead_letter
+from .errors import DeadLetterStreamError, PoisonEvent, ReactorConfigError, ReactorConsumerError, ReactorError
 
 __all__ = ["Reactor", "ReactorHandler", "ReactorStart", "ReactorStats", "ReactorWorker", "run_reactor"]
 
