@@ -34,35 +34,30 @@ How a read runs:
   with vectorised Arrow kernels. Works the same on ``local[*]`` and on a
   cluster whose executors can reach the NATS servers.
 
-Speed: replaying through nats-py message objects costs about 18 us of client
-CPU per event (header dicts, one callback, queue and Msg per message), which
-caps one partition at some 50k events/s. Here the partition's connection
-(``eventstore.jetstream.BulkConnection``) frames whole socket reads (up to
-256 KiB) and hands each run of the consumer's messages to a small C scanner (``spark_projections/_frames.c``, compiled by
-the install): it checks every frame (our subscription and consumer,
-consecutive consumer sequences, the subject layout, each required ``Es-*``
-header once) and cuts out the subject's category and entity, the header
-values and the body as Arrow binary views into the received bytes, about
-200 ns a message (``_batches.Frames``). ``_batches.Converter`` turns a batch
-of such runs into the columns with a few Arrow kernels: about 0.75 us of
-client CPU per event for four columns, against 3.7 us for the same work in
-Python. Any frame the scanner does not take (a status message, an earlier
-consumer's message, another writer's header layout, a malformed frame) goes
-through the Python framing, which was the whole reader before and is kept,
-tested, for them and for installs without a C compiler (about 4x slower).
+Speed: nats-py builds a message object with a header dict per message and runs a
+callback for it, which caps one partition far below what the server sends. Here the
+partition's connection (``eventstore.jetstream.BulkConnection``) frames whole socket
+reads and hands each run of the consumer's messages to the native scanner
+(``eventstore/_native.c``): it checks every frame (our subscription and consumer,
+consecutive consumer sequences, the subject layout, each required header once) and
+cuts out the subject's category and entity, the header values and the body as Arrow
+binary views into the received bytes (``_batches.Frames``). ``_batches.Converter``
+turns a batch of such runs into the columns with a few Arrow kernels. Any frame the
+scanner does not take (a status message, an earlier consumer's message, another
+writer's header layout, a malformed frame) goes through the Python framing, which is
+kept, tested, for them and for installs without a C compiler.
 
 Spark cannot tell a Python source which columns a query uses, so a reader
 that needs few should say so (``columns=`` / ``.schema(...)``). Yielding
 Arrow batches rather than row tuples cuts the conversion cost by more than
 half (``jetstream_read_eps_p2_rows`` in ``benchmarks/bench_spark.py``).
 
-Where the time goes in a rebuild (``cpu_us_per_event`` in the benchmark):
-the nats-server spends 3.1-3.6 us of CPU delivering each message to a
-consumer (a direct-get batch costs it some 13 us, a push consumer no less),
-the reader about 1.05 us in Spark's Python worker, and Spark's JVM what it
-spends on the same events read from Parquet (3.5-4 us once warm). When the
-server shares the executors' cores, the server's CPU sets the gap to a
-Parquet read.
+Where the time goes in a rebuild is in ``cpu_us_per_event`` of
+``benchmarks/bench_spark.py`` (figures: ``benchmarks/README.md``): the
+nats-server's delivery of each message, the reader in Spark's Python worker,
+and Spark's JVM, which spends on these events what it spends on the same
+events read from Parquet. When the server shares the executors' cores, the
+server's CPU sets the gap to a Parquet read.
 """
 
 from __future__ import annotations
