@@ -170,6 +170,50 @@ static int header_values(const uint8_t *block, Py_ssize_t length, Span *values, 
     return 1;
 }
 
+/* One complete HMSG frame at buf[pos:] of subscription `sid` whose reply subject is `prefix` and five numbers
+ * (a consumer's delivery): where its parts are. */
+typedef struct {
+    Span subject;
+    Py_ssize_t block;   /* where the header block starts */
+    int64_t hlen, tlen; /* header bytes, header and body bytes */
+    int64_t sseq, dseq, pending;
+    Py_ssize_t end;     /* where the next frame starts */
+} Frame;
+
+/* 1 and *f filled if buf[pos:] starts with such a frame; 0 if it does not (another kind of frame, a malformed
+ * or incomplete one). */
+static int next_frame(const uint8_t *base, Py_ssize_t size, Py_ssize_t pos, const Py_buffer *sid,
+                      const Py_buffer *prefix, Frame *f) {
+    if (size - pos < 5 || memcmp(base + pos, "HMSG ", 5) != 0) return 0;
+    Py_ssize_t line_start = pos + 5;
+    Py_ssize_t window = size - line_start < MAX_CONTROL_LINE ? size - line_start : MAX_CONTROL_LINE;
+    const uint8_t *cr = find(base + line_start, base + line_start + window, '\r');
+    if (cr == NULL || cr + 1 >= base + size || cr[1] != '\n') return 0;
+    Span tokens[5];
+    if (!split_exact(base + line_start, cr - (base + line_start), ' ', tokens, 5)) return 0;
+    if (tokens[1].length != sid->len || memcmp(tokens[1].at, sid->buf, (size_t)sid->len) != 0) return 0;
+    f->hlen = decimal(tokens[3].at, tokens[3].length);
+    f->tlen = decimal(tokens[4].at, tokens[4].length);
+    if (f->hlen < 0 || f->tlen < f->hlen) return 0;
+    f->block = (cr - base) + 2;
+    if (f->tlen > size - f->block - 2) return 0; /* incomplete */
+    Py_ssize_t frame_end = f->block + (Py_ssize_t)f->tlen;
+    if (base[frame_end] != '\r' || base[frame_end + 1] != '\n') return 0;
+    Span reply = tokens[2];
+    if (reply.length <= prefix->len || memcmp(reply.at, prefix->buf, (size_t)prefix->len) != 0) return 0;
+    Span numbers[5];
+    if (!split_exact(reply.at + prefix->len, reply.length - prefix->len, '.', numbers, 5)) return 0;
+    f->sseq = decimal(numbers[1].at, numbers[1].length);
+    f->dseq = decimal(numbers[2].at, numbers[2].length);
+    f->pending = decimal(numbers[4].at, numbers[4].length);
+    if (f->sseq < 0 || f->dseq < 0 || f->pending < 0 || decimal(numbers[0].at, numbers[0].length) < 0 ||
+        decimal(numbers[3].at, numbers[3].length) < 0)
+        return 0;
+    f->subject = tokens[0];
+    f->end = frame_end + 2;
+    return 1;
+}
+
 static inline void set_view(View *view, const uint8_t *base, Span span, int32_t data_index) {
     memset(view, 0, sizeof(View));
     view->length = (int32_t)span.length;
@@ -246,38 +290,15 @@ static PyObject *scan(PyObject *Py_UNUSED(self), PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "scan: pos out of range, or a buffer over 2 GiB");
         goto done;
     }
-    while (size - pos >= 5 && memcmp(base + pos, "HMSG ", 5) == 0) {
-        Py_ssize_t line_start = pos + 5;
-        Py_ssize_t window = size - line_start < MAX_CONTROL_LINE ? size - line_start : MAX_CONTROL_LINE;
-        const uint8_t *cr = find(base + line_start, base + line_start + window, '\r');
-        if (cr == NULL || cr + 1 >= base + size || cr[1] != '\n') break;
-        Span tokens[5];
-        if (!split_exact(base + line_start, cr - (base + line_start), ' ', tokens, 5)) break;
-        if (tokens[1].length != sid.len || memcmp(tokens[1].at, sid.buf, (size_t)sid.len) != 0) break;
-        int64_t hlen = decimal(tokens[3].at, tokens[3].length);
-        int64_t tlen = decimal(tokens[4].at, tokens[4].length);
-        if (hlen < 0 || tlen < hlen) break;
-        Py_ssize_t block = (cr - base) + 2;
-        if (tlen > size - block - 2) break; /* incomplete */
-        Py_ssize_t frame_end = block + (Py_ssize_t)tlen;
-        if (base[frame_end] != '\r' || base[frame_end + 1] != '\n') break;
-        Span reply = tokens[2];
-        if (reply.length <= prefix.len || memcmp(reply.at, prefix.buf, (size_t)prefix.len) != 0) break;
-        Span numbers[5];
-        if (!split_exact(reply.at + prefix.len, reply.length - prefix.len, '.', numbers, 5)) break;
-        int64_t sseq = decimal(numbers[1].at, numbers[1].length);
-        int64_t dseq = decimal(numbers[2].at, numbers[2].length);
-        int64_t left = decimal(numbers[4].at, numbers[4].length);
-        if (sseq < 0 || dseq < 0 || left < 0 || decimal(numbers[0].at, numbers[0].length) < 0 ||
-            decimal(numbers[3].at, numbers[3].length) < 0)
-            break;
-        if (count > 0 && dseq != last_dseq + 1) break;
+    Frame f;
+    while (next_frame(base, size, pos, &sid, &prefix, &f)) {
+        if (count > 0 && f.dseq != last_dseq + 1) break;
         Span values[COLUMNS];
         int seen[COLUMNS];
-        if (!header_values(base + block, (Py_ssize_t)hlen, values, seen)) break;
-        values[SUBJECT] = tokens[0];
+        if (!header_values(base + f.block, (Py_ssize_t)f.hlen, values, seen)) break;
+        values[SUBJECT] = f.subject;
         /* <subject_prefix><Category>.<entity>: exactly one dot after the prefix, neither part empty. */
-        const Span subject = tokens[0];
+        const Span subject = f.subject;
         if (subject.length <= subject_prefix.len ||
             memcmp(subject.at, subject_prefix.buf, (size_t)subject_prefix.len) != 0)
             break;
@@ -296,8 +317,8 @@ static PyObject *scan(PyObject *Py_UNUSED(self), PyObject *args) {
         values[ENTITY].at = dot + 1;
         values[ENTITY].length = subject_end - dot - 1;
         if (find(values[TYPE].at, values[TYPE].at + values[TYPE].length, ',') != NULL) several = 1;
-        values[PAYLOAD].at = base + block + hlen;
-        values[PAYLOAD].length = (Py_ssize_t)(tlen - hlen);
+        values[PAYLOAD].at = base + f.block + f.hlen;
+        values[PAYLOAD].length = (Py_ssize_t)(f.tlen - f.hlen);
         for (int c = 0; c < COLUMNS; c++) {
             Span value = values[c];
             if ((c == CORRELATION_ID || c == CAUSATION_ID) && !seen[c]) {
@@ -308,12 +329,12 @@ static PyObject *scan(PyObject *Py_UNUSED(self), PyObject *args) {
         }
         out.present_at[0][count] = (uint8_t)seen[CORRELATION_ID];
         out.present_at[1][count] = (uint8_t)seen[CAUSATION_ID];
-        out.position_at[count] = sseq;
-        if (count == 0) first_dseq = dseq;
-        last_dseq = dseq;
-        pending = left;
+        out.position_at[count] = f.sseq;
+        if (count == 0) first_dseq = f.dseq;
+        last_dseq = f.dseq;
+        pending = f.pending;
         count++;
-        pos = frame_end + 2;
+        pos = f.end;
     }
     if (!resize(&out, count)) goto done;
     PyObject *views = PyTuple_New(COLUMNS);
@@ -415,43 +436,20 @@ static PyObject *messages(PyObject *Py_UNUSED(self), PyObject *args) {
     for (int i = 0; i < 4; i++) {
         if ((lists[i] = PyList_New(0)) == NULL) goto done;
     }
-    while (size - pos >= 5 && memcmp(base + pos, "HMSG ", 5) == 0) {
-        Py_ssize_t line_start = pos + 5;
-        Py_ssize_t window = size - line_start < MAX_CONTROL_LINE ? size - line_start : MAX_CONTROL_LINE;
-        const uint8_t *cr = find(base + line_start, base + line_start + window, '\r');
-        if (cr == NULL || cr + 1 >= base + size || cr[1] != '\n') break;
-        Span tokens[5];
-        if (!split_exact(base + line_start, cr - (base + line_start), ' ', tokens, 5)) break;
-        if (tokens[1].length != sid.len || memcmp(tokens[1].at, sid.buf, (size_t)sid.len) != 0) break;
-        int64_t hlen = decimal(tokens[3].at, tokens[3].length);
-        int64_t tlen = decimal(tokens[4].at, tokens[4].length);
-        if (hlen < 0 || tlen < hlen) break;
-        Py_ssize_t block = (cr - base) + 2;
-        if (tlen > size - block - 2) break; /* incomplete */
-        Py_ssize_t frame_end = block + (Py_ssize_t)tlen;
-        if (base[frame_end] != '\r' || base[frame_end + 1] != '\n') break;
-        Span reply = tokens[2];
-        if (reply.length <= prefix.len || memcmp(reply.at, prefix.buf, (size_t)prefix.len) != 0) break;
-        Span numbers[5];
-        if (!split_exact(reply.at + prefix.len, reply.length - prefix.len, '.', numbers, 5)) break;
-        int64_t sseq = decimal(numbers[1].at, numbers[1].length);
-        int64_t dseq = decimal(numbers[2].at, numbers[2].length);
-        int64_t left = decimal(numbers[4].at, numbers[4].length);
-        if (sseq < 0 || dseq < 0 || left < 0 || decimal(numbers[0].at, numbers[0].length) < 0 ||
-            decimal(numbers[3].at, numbers[3].length) < 0)
-            break;
-        if (count > 0 && dseq != last_dseq + 1) break;
-        PyObject *fields = header_dict(base + block, (Py_ssize_t)hlen);
+    Frame f;
+    while (next_frame(base, size, pos, &sid, &prefix, &f)) {
+        if (count > 0 && f.dseq != last_dseq + 1) break;
+        PyObject *fields = header_dict(base + f.block, (Py_ssize_t)f.hlen);
         if (fields == NULL) goto done;
         if (fields == Py_None) {
             Py_DECREF(fields);
             break; /* not ASCII: the Python framing takes it */
         }
         PyObject *items[4] = {
-            PyLong_FromLongLong((long long)sseq),
-            PyBytes_FromStringAndSize((const char *)tokens[0].at, tokens[0].length),
+            PyLong_FromLongLong((long long)f.sseq),
+            PyBytes_FromStringAndSize((const char *)f.subject.at, f.subject.length),
             fields,
-            PyBytes_FromStringAndSize((const char *)(base + block + hlen), (Py_ssize_t)(tlen - hlen)),
+            PyBytes_FromStringAndSize((const char *)(base + f.block + f.hlen), (Py_ssize_t)(f.tlen - f.hlen)),
         };
         int failed = 0;
         for (int i = 0; i < 4; i++) {
@@ -459,11 +457,11 @@ static PyObject *messages(PyObject *Py_UNUSED(self), PyObject *args) {
             Py_XDECREF(items[i]);
         }
         if (failed) goto done;
-        if (count == 0) first_dseq = dseq;
-        last_dseq = dseq;
-        pending = left;
+        if (count == 0) first_dseq = f.dseq;
+        last_dseq = f.dseq;
+        pending = f.pending;
         count++;
-        pos = frame_end + 2;
+        pos = f.end;
     }
     result = Py_BuildValue("(nnLLLNNNN)", pos, count, (long long)first_dseq, (long long)last_dseq,
                            (long long)pending, lists[0], lists[1], lists[2], lists[3]);

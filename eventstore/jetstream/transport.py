@@ -280,17 +280,19 @@ class BulkConnection(asyncio.Protocol):
         else:
             view = data
         received: dict[Receiver, list[Raw]] = {}
+        malformed = False
         try:
             pos = self._frame(view, received)
-        except ValueError:  # a length that is not a number: not the protocol
-            self._fail("a malformed message line")
-            return
+        except ValueError:  # a length that is not a number, or too few or many fields: not the protocol
+            malformed, pos = True, len(view)
         self._buf = bytearray(view[pos:])
         self._need = _needed(self._buf)
         for receiver, rows in received.items():
             if rows:
                 receiver.add(rows)
             receiver.wake()
+        if malformed:
+            self._fail("a malformed message line")
 
     def _frame(self, view: bytes, received: dict[Receiver, list[Raw]]) -> int:
         """Frame the complete operations of ``view`` and hand them on; returns where the incomplete rest starts."""
@@ -299,29 +301,20 @@ class BulkConnection(asyncio.Protocol):
         current: bytes | None = None
         scan: Callable[[bytes, int], tuple[int, Run | None]] | None = None
         while pos < size:
-            if view.startswith(b"HMSG ", pos):
+            # HMSG <subject> <sid> [reply-to] <header bytes> <total bytes>, or MSG <subject> <sid> [reply-to] <bytes>
+            headered = view.startswith(b"HMSG ", pos)
+            if headered or view.startswith(b"MSG ", pos):
                 eol = find(b"\r\n", pos)
                 if eol < 0:
                     break
-                parts = view[pos + 5 : eol].split()
-                if len(parts) == 5:
-                    subject, sid, reply, header_len, total_len = parts
-                else:
-                    subject, sid, header_len, total_len = parts
-                    reply = None
+                parts = view[pos + 4 + headered : eol].split()
+                if not 3 + headered <= len(parts) <= 4 + headered:
+                    raise ValueError(view[pos:eol])
+                subject, sid = parts[0], parts[1]
+                reply = parts[2] if len(parts) == 4 + headered else None
                 start = eol + 2
-                split = start + int(header_len)
-            elif view.startswith(b"MSG ", pos):
-                eol = find(b"\r\n", pos)
-                if eol < 0:
-                    break
-                parts = view[pos + 4 : eol].split()
-                if len(parts) == 4:
-                    subject, sid, reply, total_len = parts
-                else:
-                    subject, sid, total_len = parts
-                    reply = None
-                start = split = eol + 2
+                split = start + int(parts[-2]) if headered else start
+                total_len = parts[-1]
             else:
                 eol = find(b"\r\n", pos)
                 if eol < 0:
