@@ -360,6 +360,34 @@ done:
 static inline int strip_space(uint8_t c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
 static inline int any_space(uint8_t c) { return strip_space(c) || (c >= 0x1c && c <= 0x1f); }
 
+/* Header names as str objects, made once each: a replay parses the same dozen names in every message, and a
+ * dict lookup by an identical object skips the string compare. A new reference; NULL with an exception. */
+#define NAME_CACHE 64
+#define NAME_MAX_LENGTH 64
+static struct {
+    Py_ssize_t length;
+    char bytes[NAME_MAX_LENGTH];
+    PyObject *name;
+} name_cache[NAME_CACHE];
+static int names_cached = 0;
+
+static PyObject *header_name(const uint8_t *at, Py_ssize_t length) {
+    for (int i = 0; i < names_cached; i++) {
+        if (name_cache[i].length == length && memcmp(name_cache[i].bytes, at, (size_t)length) == 0) {
+            Py_INCREF(name_cache[i].name);
+            return name_cache[i].name;
+        }
+    }
+    PyObject *name = PyUnicode_DecodeASCII((const char *)at, length, NULL);
+    if (name != NULL && names_cached < NAME_CACHE && length <= NAME_MAX_LENGTH) {
+        name_cache[names_cached].length = length;
+        memcpy(name_cache[names_cached].bytes, at, (size_t)length);
+        Py_INCREF(name);
+        name_cache[names_cached++].name = name; /* kept for the life of the process */
+    }
+    return name;
+}
+
 /* A header block's fields as nats-py parses them: a new dict; Py_None (a new reference) when the block is not
  * ASCII; NULL with an exception on failure. */
 static PyObject *header_dict(const uint8_t *at, Py_ssize_t length) {
@@ -393,7 +421,7 @@ static PyObject *header_dict(const uint8_t *at, Py_ssize_t length) {
                 const uint8_t *vs = colon + 1, *ve = eol;
                 while (vs < ve && strip_space(*vs)) vs++;
                 while (ve > vs && strip_space(ve[-1])) ve--;
-                PyObject *key = PyUnicode_DecodeASCII((const char *)ls, le - ls, NULL);
+                PyObject *key = header_name(ls, le - ls);
                 PyObject *value = key == NULL ? NULL : PyUnicode_DecodeASCII((const char *)vs, ve - vs, NULL);
                 int failed = value == NULL || PyDict_SetItem(fields, key, value) < 0;
                 Py_XDECREF(key);

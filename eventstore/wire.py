@@ -262,6 +262,12 @@ def commit_previous(headers: Mapping[str, str] | None, where: object) -> tuple[i
     return previous
 
 
+_TYPE, _VERSION, _SCHEMA_VERSION, _EVENT_ID = Header.TYPE, Header.VERSION, Header.SCHEMA_VERSION, Header.EVENT_ID
+_RECORDED_AT, _CORRELATION_ID, _CAUSATION_ID = Header.RECORDED_AT, Header.CORRELATION_ID, Header.CAUSATION_ID
+_IDEMPOTENCY_KEY = Header.IDEMPOTENCY_KEY
+_new_event = tuple.__new__
+
+
 def decode_commit(
     stream_id: StreamId,
     position: int,
@@ -270,38 +276,43 @@ def decode_commit(
     registry: TypeRegistry | None,
 ) -> list[RecordedEvent]:
     """Split one stored commit back into its events, in order."""
-    if not headers or Header.TYPE not in headers:
+    # Every replay runs this once per commit: the names are bound once, and the tuples are built directly
+    # (RecordedEvent is a named tuple; its generated __new__ costs twice as much for the same result).
+    types = headers.get(_TYPE) if headers else None
+    if types is None:
         raise EventDecodeError(
             f"Message at position {position} on {stream_id} has no {Header.TYPE} header: it was not "
             "written by jetsourcing. Keep foreign messages off the event subjects."
         )
+    assert headers is not None
     try:
-        types = headers[Header.TYPE]
-        last_version = int(headers[Header.VERSION])
-        recorded_at = headers.get(Header.RECORDED_AT, "")
-        correlation_id = headers.get(Header.CORRELATION_ID)
-        causation_id = headers.get(Header.CAUSATION_ID)
-        escaped_key = headers.get(Header.IDEMPOTENCY_KEY)
+        last_version = int(headers[_VERSION])
+        recorded_at = headers.get(_RECORDED_AT, "")
+        correlation_id = headers.get(_CORRELATION_ID)
+        causation_id = headers.get(_CAUSATION_ID)
+        escaped_key = headers.get(_IDEMPOTENCY_KEY)
         key = None if escaped_key is None else unquote(escaped_key, errors="surrogatepass")
         if "," not in types:
             return [
-                RecordedEvent(
-                    position, 0, stream_id, last_version, types, int(headers[Header.SCHEMA_VERSION]),
-                    headers[Header.EVENT_ID], body, recorded_at, correlation_id, causation_id, registry, [], key,
+                _new_event(
+                    RecordedEvent,
+                    (position, 0, stream_id, last_version, types, int(headers[_SCHEMA_VERSION]),
+                     headers[_EVENT_ID], body, recorded_at, correlation_id, causation_id, registry, [], key),
                 )
             ]
         type_list = types.split(",")
-        schemas = headers[Header.SCHEMA_VERSION].split(",")
-        ids = headers[Header.EVENT_ID].split(",")
+        schemas = headers[_SCHEMA_VERSION].split(",")
+        ids = headers[_EVENT_ID].split(",")
         payloads = body.split(b"\n")
         count = len(type_list)
         if not (len(schemas) == len(ids) == len(payloads) == count):
             raise ValueError("header lists and body lines differ in length")
         first = last_version - count + 1
         return [
-            RecordedEvent(
-                position, i, stream_id, first + i, type_list[i], int(schemas[i]), ids[i], payloads[i],
-                recorded_at, correlation_id, causation_id, registry, [], key,
+            _new_event(
+                RecordedEvent,
+                (position, i, stream_id, first + i, type_list[i], int(schemas[i]), ids[i], payloads[i],
+                 recorded_at, correlation_id, causation_id, registry, [], key),
             )
             for i in range(count)
         ]
