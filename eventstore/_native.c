@@ -124,16 +124,21 @@ static int split_exact(const uint8_t *at, Py_ssize_t length, uint8_t sep, Span *
     return 1;
 }
 
-/* The header names of the columns TYPE .. CAUSATION_ID, as headers() set them (eventstore.wire.Header). */
-#define NAMED (CAUSATION_ID - TYPE + 1)
+/* The header names of the columns TYPE .. CAUSATION_ID, then of the idempotency key and the atomic batch id
+ * (slots past the columns, read by events() only), as headers() set them (eventstore.wire.Header). */
+#define COLUMN_NAMED (CAUSATION_ID - TYPE + 1)
+#define NAMED (COLUMN_NAMED + 2)
+enum { KEY = COLUMNS, BATCH, SLOTS };
 static char names[NAMED][64];
 static Py_ssize_t name_length[NAMED];
 static int named = 0;
 
-/* Which known header a name is (its column), or -1. */
+/* Which known header a name is (its slot), or -1. */
 static inline int header_column(const uint8_t *name, Py_ssize_t length) {
     for (int i = 0; i < NAMED; i++) {
-        if (name_length[i] == length && memcmp(name, names[i], (size_t)length) == 0) return TYPE + i;
+        if (name_length[i] == length && memcmp(name, names[i], (size_t)length) == 0) {
+            return i < COLUMN_NAMED ? TYPE + i : COLUMNS + (i - COLUMN_NAMED);
+        }
     }
     return -1;
 }
@@ -144,7 +149,7 @@ static int header_values(const uint8_t *block, Py_ssize_t length, Span *values, 
     const Py_ssize_t first = sizeof(status_line) - 1;
     if (length < first + 2 || memcmp(block, status_line, first) != 0) return 0;
     if (block[length - 2] != '\r' || block[length - 1] != '\n') return 0;
-    memset(seen, 0, sizeof(int) * COLUMNS);
+    memset(seen, 0, sizeof(int) * SLOTS);
     const uint8_t *end = block + length;
     const uint8_t *line = block + first;
     while (line < end - 2) {
@@ -293,8 +298,8 @@ static PyObject *scan(PyObject *Py_UNUSED(self), PyObject *args) {
     Frame f;
     while (next_frame(base, size, pos, &sid, &prefix, &f)) {
         if (count > 0 && f.dseq != last_dseq + 1) break;
-        Span values[COLUMNS];
-        int seen[COLUMNS];
+        Span values[SLOTS];
+        int seen[SLOTS];
         if (!header_values(base + f.block, (Py_ssize_t)f.hlen, values, seen)) break;
         values[SUBJECT] = f.subject;
         /* <subject_prefix><Category>.<entity>: exactly one dot after the prefix, neither part empty. */
@@ -502,6 +507,145 @@ done:
     return result;
 }
 
+/* Whether nats-py would read the known headers of this block exactly as header_values() does: ASCII, every CR
+ * followed by LF (nats-py splits lines on CRLF only), no whitespace in or around any header name, and no
+ * whitespace at either end of a value past the spaces and tabs after its colon. */
+static int clean_block(const uint8_t *at, Py_ssize_t length) {
+    const uint8_t *end = at + length;
+    for (const uint8_t *p = at; p < end; p++) {
+        if ((*p & 0x80) || (*p == '\r' && (p + 1 >= end || p[1] != '\n'))) return 0;
+    }
+    const uint8_t *line = at;
+    while (line < end) {
+        const uint8_t *eol = find(line, end, '\r');
+        if (eol == NULL) eol = end;
+        const uint8_t *colon = memchr(line, ':', (size_t)(eol - line));
+        if (colon != NULL) {
+            for (const uint8_t *p = line; p < colon; p++) {
+                if (any_space(*p)) return 0;
+            }
+            const uint8_t *value = colon + 1;
+            while (value < eol && (*value == ' ' || *value == '\t')) value++;
+            if (value < eol && (strip_space(*value) || strip_space(eol[-1]))) return 0;
+        }
+        line = eol + 2;
+    }
+    return 1;
+}
+
+/* A span's ASCII text as str; NULL with an exception. */
+static PyObject *text(Span span) { return PyUnicode_DecodeASCII((const char *)span.at, span.length, NULL); }
+
+/* events(buf, pos, sid, ack_prefix, streams, make_stream, registry, new_event, handled): like messages(), but
+ * each commit that is plain (one event, the required headers once each, no atomic batch header, an
+ * idempotency key without escapes, a clean header block) becomes its RecordedEvent here, built with
+ * new_event(values) (a tuple of the 14 fields); its stream id is streams[subject], or make_stream(subject).
+ * With handled (a set of type names, or None) a plain commit of another type is skipped. Returns (end, count,
+ * first_dseq, last_dseq, pending, positions, subjects, headers, bodies, events): per commit, the event (headers
+ * None), or None with headers None (skipped), or None with its header dict (for the Python decoder). */
+static PyObject *events(PyObject *Py_UNUSED(self), PyObject *args) {
+    Py_buffer buf, sid, prefix;
+    Py_ssize_t pos;
+    PyObject *streams, *make_stream, *registry, *new_event, *handled;
+    if (!PyArg_ParseTuple(args, "y*ny*y*O!OOOO", &buf, &pos, &sid, &prefix, &PyDict_Type, &streams, &make_stream,
+                          &registry, &new_event, &handled))
+        return NULL;
+    PyObject *result = NULL, *lists[5] = {NULL, NULL, NULL, NULL, NULL};
+    const uint8_t *base = buf.buf;
+    const Py_ssize_t size = buf.len;
+    Py_ssize_t count = 0;
+    int64_t first_dseq = 0, last_dseq = 0, pending = 0;
+    if (!named || pos < 0 || pos > size) {
+        PyErr_SetString(PyExc_ValueError, "events: pos out of range, or headers() was not called");
+        goto done;
+    }
+    for (int i = 0; i < 5; i++) {
+        if ((lists[i] = PyList_New(0)) == NULL) goto done;
+    }
+    Frame f;
+    while (next_frame(base, size, pos, &sid, &prefix, &f)) {
+        if (count > 0 && f.dseq != last_dseq + 1) break;
+        const uint8_t *block = base + f.block;
+        Span values[SLOTS];
+        int seen[SLOTS];
+        int plain = clean_block(block, (Py_ssize_t)f.hlen) && header_values(block, (Py_ssize_t)f.hlen, values, seen) &&
+                    !seen[BATCH] && find(values[TYPE].at, values[TYPE].at + values[TYPE].length, ',') == NULL &&
+                    (!seen[KEY] || find(values[KEY].at, values[KEY].at + values[KEY].length, '%') == NULL);
+        int64_t version = plain ? decimal(values[VERSION].at, values[VERSION].length) : -1;
+        int64_t schema = plain ? decimal(values[SCHEMA_VERSION].at, values[SCHEMA_VERSION].length) : -1;
+        PyObject *subject = PyBytes_FromStringAndSize((const char *)f.subject.at, f.subject.length);
+        PyObject *body = PyBytes_FromStringAndSize((const char *)(block + f.hlen), (Py_ssize_t)(f.tlen - f.hlen));
+        PyObject *position = PyLong_FromLongLong((long long)f.sseq);
+        PyObject *headers = NULL, *event = NULL;
+        int failed = subject == NULL || body == NULL || position == NULL;
+        if (!failed && (version < 0 || schema < 0 || version > INT32_MAX || schema > INT32_MAX)) {
+            headers = header_dict(block, (Py_ssize_t)f.hlen); /* the Python decoder says what is wrong, if anything */
+            failed = headers == NULL;
+            if (!failed && headers == Py_None) {
+                Py_DECREF(headers);
+                Py_XDECREF(subject);
+                Py_XDECREF(body);
+                Py_XDECREF(position);
+                break; /* not ASCII: the Python framing takes it */
+            }
+        } else if (!failed) {
+            int fallback = 0;
+            PyObject *type = text(values[TYPE]);
+            int wanted = type == NULL ? -1 : handled == Py_None ? 1 : PySet_Contains(handled, type);
+            failed = wanted < 0;
+            if (wanted == 1) {
+                PyObject *stream_id = PyDict_GetItemWithError(streams, subject); /* borrowed */
+                if (stream_id != NULL) {
+                    Py_INCREF(stream_id);
+                } else if (!PyErr_Occurred()) {
+                    stream_id = PyObject_CallFunctionObjArgs(make_stream, subject, NULL);
+                    if (stream_id == NULL) {
+                        /* Not an event subject: the Python decoder raises about it where the reader sees it. */
+                        PyErr_Clear();
+                        fallback = 1;
+                    }
+                }
+                PyObject *fields = stream_id == NULL ? NULL : Py_BuildValue(
+                    "(OiOLOLNONNNONN)", position, 0, stream_id, (long long)version, type, (long long)schema,
+                    text(values[EVENT_ID]), body, seen[RECORDED_AT] ? text(values[RECORDED_AT]) : PyUnicode_FromString(""),
+                    seen[CORRELATION_ID] ? text(values[CORRELATION_ID]) : Py_NewRef(Py_None),
+                    seen[CAUSATION_ID] ? text(values[CAUSATION_ID]) : Py_NewRef(Py_None), registry, PyList_New(0),
+                    seen[KEY] ? text(values[KEY]) : Py_NewRef(Py_None));
+                Py_XDECREF(stream_id);
+                event = fields == NULL ? NULL : PyObject_CallFunctionObjArgs(new_event, fields, NULL);
+                Py_XDECREF(fields);
+                failed = event == NULL && !fallback;
+            }
+            Py_XDECREF(type);
+            if (fallback && !failed) {
+                headers = header_dict(block, (Py_ssize_t)f.hlen); /* clean, so ASCII: a dict */
+                failed = headers == NULL;
+            }
+        }
+        PyObject *items[5] = {position, subject, headers ? headers : Py_NewRef(Py_None), body,
+                              event ? event : Py_NewRef(Py_None)};
+        for (int i = 0; i < 5; i++) {
+            failed = failed || items[i] == NULL || PyList_Append(lists[i], items[i]) < 0;
+            Py_XDECREF(items[i]);
+        }
+        if (failed) goto done;
+        if (count == 0) first_dseq = f.dseq;
+        last_dseq = f.dseq;
+        pending = f.pending;
+        count++;
+        pos = f.end;
+    }
+    result = Py_BuildValue("(nnLLLNNNNN)", pos, count, (long long)first_dseq, (long long)last_dseq,
+                           (long long)pending, lists[0], lists[1], lists[2], lists[3], lists[4]);
+    for (int i = 0; i < 5; i++) lists[i] = NULL; /* N handed the references over */
+done:
+    for (int i = 0; i < 5; i++) Py_XDECREF(lists[i]);
+    PyBuffer_Release(&buf);
+    PyBuffer_Release(&sid);
+    PyBuffer_Release(&prefix);
+    return result;
+}
+
 static PyObject *set_headers(PyObject *Py_UNUSED(self), PyObject *args) {
     if (!PyTuple_Check(args) || PyTuple_Size(args) != NAMED) {
         PyErr_Format(PyExc_TypeError, "headers() takes the %d header names as bytes", NAMED);
@@ -542,6 +686,7 @@ static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS, "Frame a run of JetStream messages into Arrow views (see the module source)."},
     {"parse_headers", parse_headers, METH_O, "A NATS header block as nats-py parses it; None if it is not ASCII."},
     {"messages", messages, METH_VARARGS, "Frame a run of JetStream messages, headers parsed (see the module source)."},
+    {"events", events, METH_VARARGS, "Frame a run of JetStream messages into events (see the module source)."},
     {"headers", set_headers, METH_VARARGS, "Set the header names of the scanner's columns, from eventstore.wire."},
     {"names", get_names, METH_NOARGS, "The header names headers() set, in its order."},
     {NULL, NULL, 0, NULL},

@@ -17,21 +17,25 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from types import ModuleType
-from typing import Final
+from typing import Any, Final
 
 from .wire import Header
 from .wire import parse_header_lines as python_parse_header_lines
 
-__all__ = ["ACTIVE", "COLUMNS", "MessagesResult", "SCANNED_HEADERS", "ScanResult", "messages", "parse_header_lines", "scan"]
+__all__ = [
+    "ACTIVE", "COLUMNS", "EventsResult", "MessagesResult", "SCANNED_HEADERS", "ScanResult", "events", "messages",
+    "parse_header_lines", "scan",
+]
 
 COLUMNS: Final = 11
 """Columns of the scanner's views (see ``_native.c``)."""
 
 SCANNED_HEADERS: Final = (
     Header.TYPE, Header.SCHEMA_VERSION, Header.EVENT_ID, Header.VERSION, Header.RECORDED_AT,
-    Header.CORRELATION_ID, Header.CAUSATION_ID,
+    Header.CORRELATION_ID, Header.CAUSATION_ID, Header.IDEMPOTENCY_KEY, Header.BATCH_ID,
 )
-"""The headers the scanner reads, in the order of its columns (the first five are required)."""
+"""The headers the accelerator reads: the scanner's columns in their order (the first five are required),
+then the idempotency key and the atomic batch id, which :data:`events` reads too."""
 
 
 def _load() -> tuple[ModuleType | None, str]:
@@ -79,3 +83,13 @@ dicts, bodies)."""
 messages: Callable[[bytes, int, bytes, bytes], MessagesResult] | None = None if _module is None else _module.messages
 """The framing of every replay's runs, headers parsed (its Python twin is the bulk connection's framing plus
 :func:`parse_header_lines`), or None."""
+
+EventsResult = tuple[
+    int, int, int, int, int, list[int], list[bytes], "list[dict[str, str] | None]", list[bytes], "list[Any]"
+]
+"""What :data:`events` returns: (end, count, first_dseq, last_dseq, pending, positions, subjects, header dicts
+or None, bodies, events or None)."""
+
+events: Callable[..., EventsResult] | None = None if _module is None else _module.events
+"""The framing of a replay's runs into events (see ``_native.c``): a plain commit becomes its event there, any
+other keeps its header dict for :func:`eventstore.wire.decode_commit`; or None."""

@@ -27,7 +27,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Collection, Sequence
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -58,12 +58,15 @@ def _parsed_scanner() -> Scanner | None:
 
     def scan(data: bytes, pos: int, sid: bytes, ack_prefix: bytes) -> tuple[int, NativeRun | None]:
         end, count, first, last, pending, positions, subjects, headers, bodies = frame(data, pos, sid, ack_prefix)
-        return (end, Parsed(first, last, pending, positions, subjects, headers, bodies)) if count else (pos, None)
+        # Every message keeps its dict here (no events): a list of dict is a list of optional dicts.
+        parsed = Parsed(first, last, pending, positions, subjects, cast("list[dict[str, str] | None]", headers), bodies)
+        return (end, parsed) if count else (pos, None)
 
     return scan
 
 
 _SCANNER = _parsed_scanner()
+_new_event = tuple.__new__
 
 
 class Replayed(NamedTuple):
@@ -166,13 +169,41 @@ class Reader:
 
     def _replay(
         self, start: int, stop: int | None, filters: Sequence[str], *, live: bool = False, batch: int = 1000,
-        heartbeat_s: float = 1.0, what: str | None = None,
+        heartbeat_s: float = 1.0, what: str | None = None, handled: frozenset[str] | None = None,
     ) -> OrderedReplay:
         return OrderedReplay(
             self._replays.get, self._settings.stream, start_seq=start, stop_seq=stop, filter_subjects=filters,
             live=live, batch=batch, heartbeat_s=heartbeat_s, api_timeout_s=self._settings.request_timeout_s, what=what,
-            scanner=_SCANNER,
+            scanner=self._events_scanner(handled),
         )
+
+    def _stream_of(self, subject: bytes) -> StreamId:
+        """The entity a replayed subject names, parsed once per subject (kept for the next batches)."""
+        streams = self._streams
+        if len(streams) >= _MAX_CACHED_STREAMS:
+            streams.clear()
+        stream_id = streams[subject] = StreamId.from_subject(subject.decode(), self._prefix)
+        return stream_id
+
+    def _events_scanner(self, handled: frozenset[str] | None) -> Scanner | None:
+        """The native framing of a replay's runs into events (``handled``: the types to decode, None for all)."""
+        frame = native.events
+        if frame is None:
+            return None
+        streams, make, registry = self._streams, self._stream_of, self._registry
+
+        def new_event(fields: tuple[object, ...]) -> RecordedEvent:
+            return _new_event(RecordedEvent, fields)
+
+        def scan(data: bytes, pos: int, sid: bytes, ack_prefix: bytes) -> tuple[int, NativeRun | None]:
+            end, count, first, last, pending, positions, subjects, headers, bodies, events = frame(
+                data, pos, sid, ack_prefix, streams, make, registry, new_event, handled
+            )
+            if not count:
+                return pos, None
+            return end, Parsed(first, last, pending, positions, subjects, headers, bodies, events)
+
+        return scan
 
     async def replay(
         self,
@@ -197,9 +228,9 @@ class Reader:
             if to_position < from_position:
                 return
         what = None if live else f"Reading the stream from position {from_position}"
-        pull = self._replay(from_position, None if live else to_position, self.filter_subjects(categories), live=live,
-                            batch=batch, heartbeat_s=heartbeat_s, what=what)
         handled = None if types is None else frozenset(types)
+        pull = self._replay(from_position, None if live else to_position, self.filter_subjects(categories), live=live,
+                            batch=batch, heartbeat_s=heartbeat_s, what=what, handled=handled)
         async for parts in pull.batches():
             events, skipped = self._decode(parts, handled)
             yield Replayed(events, parts[-1].position_list()[-1], skipped)
@@ -218,7 +249,7 @@ class Reader:
                 assert isinstance(part, Commits | Parsed)
                 blocks = part.headers if isinstance(part, Parsed) else map(parse_header_lines, part.headers)
                 out += [
-                    StoredMessage(seq, subject.decode(), headers, body)
+                    StoredMessage(seq, subject.decode(), headers or {}, body)
                     for seq, subject, headers, body in zip(part.positions, part.subjects, blocks, part.bodies)
                 ]
             yield out
@@ -256,29 +287,42 @@ class Reader:
             yield replayed.events
 
     def _decode(self, parts: list[Part], handled: frozenset[str] | None) -> tuple[list[RecordedEvent], int]:
-        """The events of ``parts`` (commits framed in Python), and how many were skipped for their type."""
+        """The events of ``parts``, and how many were skipped for their type."""
         out: list[RecordedEvent] = []
         skipped = 0
-        registry, streams, prefix = self._registry, self._streams, self._prefix
-        type_header = Header.TYPE
         for part in parts:
-            assert isinstance(part, Commits | Parsed)  # the runs of this reader's scanner are Parsed
-            blocks = part.headers if isinstance(part, Parsed) else map(parse_header_lines, part.headers)
-            for seq, subject, headers, body in zip(part.positions, part.subjects, blocks, part.bodies):
-                if handled is not None:
-                    types = headers.get(type_header)
-                    if types is not None and types not in handled:
-                        names = types.split(",")
-                        if not any(name in handled for name in names):
-                            skipped += len(names)
-                            continue
-                stream_id = streams.get(subject)
-                if stream_id is None:
-                    if len(streams) >= _MAX_CACHED_STREAMS:
-                        streams.clear()
-                    stream_id = streams[subject] = StreamId.from_subject(subject.decode(), prefix)
-                out.extend(decode_commit(stream_id, seq, headers, body, registry))
+            assert isinstance(part, Commits | Parsed)  # the runs of this reader's scanners are Parsed
+            if isinstance(part, Parsed):
+                # With events, the scanner decoded the plain commits and skipped those of other types (None with
+                # headers None); every other commit keeps its header dict.
+                events = part.events or [None] * len(part)
+                for seq, subject, headers, body, event in zip(part.positions, part.subjects, part.headers,
+                                                              part.bodies, events):
+                    if event is not None:
+                        out.append(event)
+                    elif headers is None:
+                        skipped += 1
+                    else:
+                        skipped += self._decode_one(seq, subject, headers, body, handled, out)
+            else:
+                for seq, subject, block, body in zip(part.positions, part.subjects, part.headers, part.bodies):
+                    skipped += self._decode_one(seq, subject, parse_header_lines(block), body, handled, out)
         return out, skipped
+
+    def _decode_one(
+        self, seq: int, subject: bytes, headers: dict[str, str], body: bytes, handled: frozenset[str] | None,
+        out: list[RecordedEvent],
+    ) -> int:
+        """Add the events of one commit to ``out``; the number of events skipped for their type (0 or all)."""
+        if handled is not None:
+            types = headers.get(Header.TYPE)
+            if types is not None and types not in handled:
+                names = types.split(",")
+                if not any(name in handled for name in names):
+                    return len(names)
+        stream_id = self._streams.get(subject) or self._stream_of(subject)
+        out.extend(decode_commit(stream_id, seq, headers, body, self._registry))
+        return 0
 
     async def last_position(self) -> int:
         """The stream's last position (0 when empty), as the stream leader knows it; never inside an atomic batch.

@@ -38,7 +38,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, TypeAlias
+from typing import Any, Protocol, TypeAlias
 
 from ..errors import ServerUnavailableError, StreamConfigError, server_unavailable
 from ..wire import Header
@@ -95,8 +95,11 @@ class Parsed:
     pending: int
     positions: list[int]
     subjects: list[bytes]
-    headers: list[dict[str, str]]
+    headers: list[dict[str, str] | None]
     bodies: list[bytes]
+    events: list[Any] | None = None
+    """Per message, when the scanner decoded events too: the commit's event, or None (then its headers, or, with
+    headers None, a commit skipped for its type). A message with headers None is in no atomic batch."""
 
     def __len__(self) -> int:
         return len(self.positions)
@@ -107,12 +110,14 @@ class Parsed:
     def head(self, keep: int) -> Parsed:
         """The first ``keep`` messages."""
         return Parsed(self.first_dseq, self.first_dseq + keep - 1, self.pending, self.positions[:keep],
-                      self.subjects[:keep], self.headers[:keep], self.bodies[:keep])
+                      self.subjects[:keep], self.headers[:keep], self.bodies[:keep],
+                      None if self.events is None else self.events[:keep])
 
     def tail(self, start: int) -> Parsed:
         """The messages from ``start`` on."""
         return Parsed(self.first_dseq + start, self.last_dseq, self.pending, self.positions[start:],
-                      self.subjects[start:], self.headers[start:], self.bodies[start:])
+                      self.subjects[start:], self.headers[start:], self.bodies[start:],
+                      None if self.events is None else self.events[start:])
 
 
 class NativeRun(Protocol):
@@ -241,6 +246,8 @@ def _batch(part: Commits | Parsed, i: int) -> tuple[str | bytes | None, bool]:
     """The atomic batch message ``i`` of ``part`` belongs to (None: none), and whether it is the batch's commit."""
     if isinstance(part, Parsed):
         headers = part.headers[i]
+        if headers is None:
+            return None, False  # decoded by the scanner, which leaves every batch message to Python
         return headers.get(Header.BATCH_ID), Header.BATCH_COMMIT in headers
     block = part.headers[i]
     found = _BATCH_ID.search(block)

@@ -12,10 +12,13 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 
-from eventstore import EventStore, EventStoreSettings, StreamId, native
+from eventstore import EventStore, EventStoreSettings, RecordedEvent, StreamId, TypeRegistry, encode_commit, native
 from eventstore.jetstream import BulkConnection
-from eventstore.wire import Header
+from eventstore.wire import Header, decode_commit
 
 from .events import Deposited
 
@@ -100,18 +103,26 @@ names = sys.argv[3].encode().split(b",")
 native.headers(*names)
 assert native.names() == tuple(names)
 stream = b"".join(bytes.fromhex(line) for line in open(sys.argv[2]).read().split())
-subject_prefix, ack = sys.argv[4].encode(), b"$JS.ACK."
+subject_prefix = sys.argv[4].encode()
 rng = random.Random(12)
-sids = {stream[i + 5:].split(b" ")[1] for i in range(len(stream)) if stream.startswith(b"HMSG ", i)}
+lines = [stream[i + 5:stream.index(b"\\r\\n", i)].split(b" ") for i in range(len(stream)) if stream.startswith(b"HMSG ", i)]
+# (subscription id, the consumer's reply prefix "$JS.ACK.<stream>.<consumer>.") of the replay's messages
+routes = {(line[1], b".".join(line[2].split(b".")[:4]) + b".") for line in lines if line[2].startswith(b"$JS.ACK.")}
 def exercise(data):
-    for pos in range(0, len(data), max(1, len(data) // 200)):
-        for sid in sids:
-            end, count, *_ = native.scan(data, pos, sid, ack, subject_prefix)
-            assert pos <= end <= len(data)
-    for block in data.split(b"\\r\\n\\r\\n")[:50]:
+    taken = 0
+    for pos in range(len(data)):
+        if data.startswith(b"HMSG", pos) or rng.random() < 0.02:
+            for sid, ack in routes:
+                end, count, *_ = native.scan(data, pos, sid, ack, subject_prefix)
+                assert pos <= end <= len(data)
+                taken += count
+                native.messages(data, pos, sid, ack)
+                native.events(data, pos, sid, ack, {}, bytes, None, tuple, None)
+    for block in data.split(b"\\r\\n\\r\\n"):
         native.parse_headers(block + b"\\r\\n\\r\\n")
-exercise(stream)
-for n in range(300):
+    return taken
+assert exercise(stream) >= len(lines) > 0, "the scanner took none of the real frames"
+for n in range(150):
     data = bytearray(stream[: rng.randrange(len(stream))] if n % 3 == 0 else stream)
     for _ in range(rng.randrange(1, 20)):
         i = rng.randrange(len(data))
@@ -149,3 +160,86 @@ async def test_the_accelerator_is_memory_safe_on_real_and_mutated_bytes(
     )
     assert done.returncode == 0 and "fuzzed" in done.stdout, done.stderr[-3000:]
     assert "runtime error" not in done.stderr, done.stderr[-3000:]
+
+
+_COMMIT = st.fixed_dictionaries(
+    {
+        "entity": st.text(st.characters(codec="utf-8", exclude_categories=["Cs", "Cc"]), min_size=1, max_size=8),
+        "types": st.lists(st.sampled_from(["Opened", "Deposited"]), min_size=1, max_size=3),
+        "key": st.one_of(st.none(), st.text(max_size=8)),  # escaped when it needs to be: '%' takes the slow path
+        "correlation": st.one_of(st.none(), st.text("abc123", min_size=1, max_size=8)),
+        "batch": st.booleans(),
+        # What a foreign writer might do to a value: nats-py strips it, so the native path must leave it to Python.
+        "odd": st.sampled_from(["", " ", "\x0b", "\n"]),
+    }
+)
+
+
+def _frames(commits: list[dict[str, object]]) -> tuple[bytes, list[tuple[bytes, dict[str, str], bytes, int]]]:
+    stream, expected = b"", []
+    for n, commit in enumerate(commits, 1):
+        types = list(commit["types"])  # type: ignore[call-overload]
+        headers, body = encode_commit(
+            msg_id=f"m{n}", types=types, schema_versions=[1] * len(types), event_ids=[f"e{n}.{i}" for i in range(len(types))],
+            payloads=[b'{"n":%d}' % n] * len(types), last_version=n + 5, recorded_at="2026-01-01T00:00:00+00:00",
+            correlation_id=commit["correlation"], idempotency_key=commit["key"],  # type: ignore[arg-type]
+        )
+        if commit["batch"]:
+            headers[Header.BATCH_ID] = "b1"
+        headers[Header.VERSION] += str(commit["odd"])
+        block = ("NATS/1.0\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n").encode()
+        subject = StreamId("Account", str(commit["entity"])).subject("ev").encode()
+        reply = b"$JS.ACK.S.C.1.%d.%d.0.0" % (n, n)
+        stream += b"HMSG %s 7 %s %d %d\r\n%s%s\r\n" % (subject, reply, len(block), len(block) + len(body), block, body)
+        expected.append((subject, native.parse_header_lines(block), body, n))
+    return stream, expected
+
+
+@hypothesis_settings(max_examples=150, deadline=None)
+@given(st.lists(_COMMIT, min_size=1, max_size=6), st.sampled_from([None, frozenset({"Deposited"})]))
+def test_native_events_equal_the_python_decoder(commits: list[dict[str, object]], handled: frozenset[str] | None) -> None:
+    assert native.events is not None
+    registry = TypeRegistry()
+    stream, expected = _frames(commits)
+    streams: dict[bytes, StreamId] = {}
+
+    def make(subject: bytes) -> StreamId:
+        streams[subject] = StreamId.from_subject(subject.decode(), "ev")
+        return streams[subject]
+
+    end, count, _, _, _, positions, subjects, headers, bodies, events = native.events(
+        stream, 0, b"7", b"$JS.ACK.S.C.", streams, make, registry, lambda fields: tuple.__new__(RecordedEvent, fields),
+        handled,
+    )
+    assert (end, count, positions) == (len(stream), len(commits), [e[3] for e in expected])
+
+    def key(e: RecordedEvent) -> tuple[object, ...]:
+        return (*e[:11], e.registry is registry, e.idempotency_key)
+
+    for (subject, fields, body, seq), got_headers, event in zip(expected, headers, events):
+        python = decode_commit(StreamId.from_subject(subject.decode(), "ev"), seq, fields, body, registry)
+        wanted = [e for e in python if handled is None or e.type in handled]
+        if event is not None:  # decoded natively: a plain commit of a wanted type
+            assert got_headers is None and [key(event)] == [key(e) for e in wanted] and len(python) == 1
+        elif got_headers is None:  # skipped natively: a plain commit of another type
+            assert handled is not None and len(python) == 1 and not wanted
+        else:  # left to Python, with the same headers nats-py would give
+            assert got_headers == fields
+
+
+def test_only_plain_commits_are_decoded_natively() -> None:
+    assert native.events is not None
+    plain = {"entity": "a", "types": ["Deposited"], "key": "k1", "correlation": "c", "batch": False, "odd": ""}
+    others = [
+        {**plain, "types": ["Opened", "Deposited"]},  # several events
+        {**plain, "key": "50%"},  # an escaped idempotency key
+        {**plain, "batch": True},  # a message of an atomic batch (the live hold-back reads its headers)
+        {**plain, "odd": " "},  # whitespace nats-py would strip
+    ]
+    stream, _ = _frames([plain, *others])
+    *_, headers, _, events = native.events(
+        stream, 0, b"7", b"$JS.ACK.S.C.", {}, lambda s: StreamId.from_subject(s.decode(), "ev"), None,
+        lambda fields: tuple.__new__(RecordedEvent, fields), None,
+    )
+    assert events[0] is not None and headers[0] is None and events[0].idempotency_key == "k1"
+    assert all(e is None for e in events[1:]) and all(h is not None for h in headers[1:])
