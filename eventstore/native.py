@@ -84,9 +84,7 @@ messages: Callable[[bytes, int, bytes, bytes], MessagesResult] | None = None if 
 """The framing of every replay's runs, headers parsed (its Python twin is the bulk connection's framing plus
 :func:`parse_header_lines`), or None."""
 
-EventsResult = tuple[
-    int, int, int, int, int, list[int], list[bytes], "list[dict[str, str] | None]", list[bytes], "list[Any]"
-]
+EventsResult = tuple[int, int, int, int, int, list[int], list[bytes], list[dict[str, str] | None], list[bytes], list[Any]]
 """What :data:`events` returns: (end, count, first_dseq, last_dseq, pending, positions, subjects, header dicts
 or None, bodies, events or None)."""
 
