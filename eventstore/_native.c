@@ -10,8 +10,8 @@
  * parse_headers(block) parses a NATS header block ("NATS/1.0\r\nName: value\r\n...") into a dict exactly
  * as nats-py does; None for a block that is not ASCII (the Python twin handles those).
  *
- * messages(buf, pos, sid, ack_prefix) frames a run of the consumer's messages as scan does, for any writer's
- * headers and subjects, into Python lists (positions, subjects, header dicts, bodies): every replay's path.
+ * events(buf, pos, sid, ack_prefix, ...) frames a run of the consumer's messages as scan does, for any writer's
+ * headers and subjects, and turns each plain commit into its RecordedEvent: every replay's path.
  *
  * scan(buf, pos, sid, ack_prefix, subject_prefix) reads consecutive complete
  *
@@ -450,63 +450,6 @@ static PyObject *parse_headers(PyObject *Py_UNUSED(self), PyObject *arg) {
     return header_dict((const uint8_t *)data, length);
 }
 
-/* messages(buf, pos, sid, ack_prefix): like scan, a run of consecutive HMSG frames of the consumer, any headers
- * and subjects, their header blocks parsed (an ASCII block each). Returns (end, count, first_dseq, last_dseq,
- * pending, positions, subjects, headers, bodies): lists of ints, bytes, dicts and bytes. */
-static PyObject *messages(PyObject *Py_UNUSED(self), PyObject *args) {
-    Py_buffer buf, sid, prefix;
-    Py_ssize_t pos;
-    if (!PyArg_ParseTuple(args, "y*ny*y*", &buf, &pos, &sid, &prefix)) return NULL;
-    PyObject *result = NULL, *lists[4] = {NULL, NULL, NULL, NULL};
-    const uint8_t *base = buf.buf;
-    const Py_ssize_t size = buf.len;
-    Py_ssize_t count = 0;
-    int64_t first_dseq = 0, last_dseq = 0, pending = 0;
-    if (pos < 0 || pos > size) {
-        PyErr_SetString(PyExc_ValueError, "messages: pos out of range");
-        goto done;
-    }
-    for (int i = 0; i < 4; i++) {
-        if ((lists[i] = PyList_New(0)) == NULL) goto done;
-    }
-    Frame f;
-    while (next_frame(base, size, pos, &sid, &prefix, &f)) {
-        if (count > 0 && f.dseq != last_dseq + 1) break;
-        PyObject *fields = header_dict(base + f.block, (Py_ssize_t)f.hlen);
-        if (fields == NULL) goto done;
-        if (fields == Py_None) {
-            Py_DECREF(fields);
-            break; /* not ASCII: the Python framing takes it */
-        }
-        PyObject *items[4] = {
-            PyLong_FromLongLong((long long)f.sseq),
-            PyBytes_FromStringAndSize((const char *)f.subject.at, f.subject.length),
-            fields,
-            PyBytes_FromStringAndSize((const char *)(base + f.block + f.hlen), (Py_ssize_t)(f.tlen - f.hlen)),
-        };
-        int failed = 0;
-        for (int i = 0; i < 4; i++) {
-            failed = failed || items[i] == NULL || PyList_Append(lists[i], items[i]) < 0;
-            Py_XDECREF(items[i]);
-        }
-        if (failed) goto done;
-        if (count == 0) first_dseq = f.dseq;
-        last_dseq = f.dseq;
-        pending = f.pending;
-        count++;
-        pos = f.end;
-    }
-    result = Py_BuildValue("(nnLLLNNNN)", pos, count, (long long)first_dseq, (long long)last_dseq,
-                           (long long)pending, lists[0], lists[1], lists[2], lists[3]);
-    for (int i = 0; i < 4; i++) lists[i] = NULL; /* N handed the references over */
-done:
-    for (int i = 0; i < 4; i++) Py_XDECREF(lists[i]);
-    PyBuffer_Release(&buf);
-    PyBuffer_Release(&sid);
-    PyBuffer_Release(&prefix);
-    return result;
-}
-
 /* Whether nats-py would read the known headers of this block exactly as header_values() does: ASCII, every CR
  * followed by LF (nats-py splits lines on CRLF only), no whitespace in or around any header name, and no
  * whitespace at either end of a value past the spaces and tabs after its colon. */
@@ -536,13 +479,15 @@ static int clean_block(const uint8_t *at, Py_ssize_t length) {
 /* A span's ASCII text as str; NULL with an exception. */
 static PyObject *text(Span span) { return PyUnicode_DecodeASCII((const char *)span.at, span.length, NULL); }
 
-/* events(buf, pos, sid, ack_prefix, streams, make_stream, registry, new_event, handled): like messages(), but
- * each commit that is plain (one event, the required headers once each, no atomic batch header, an
+/* events(buf, pos, sid, ack_prefix, streams, make_stream, registry, new_event, handled): a run of consecutive
+ * HMSG frames of the consumer, as scan() takes them but for any writer's headers and subjects. Each commit
+ * that is plain (one event, the required headers once each, no atomic batch header, an
  * idempotency key without escapes, a clean header block) becomes its RecordedEvent here, built with
  * new_event(values) (a tuple of the 14 fields); its stream id is streams[subject], or make_stream(subject).
  * With handled (a set of type names, or None) a plain commit of another type is skipped. Returns (end, count,
  * first_dseq, last_dseq, pending, positions, subjects, headers, bodies, events): per commit, the event (headers
- * None), or None with headers None (skipped), or None with its header dict (for the Python decoder). */
+ * None), or None with headers None (skipped), or None with its header dict (for the Python decoder). With
+ * new_event None nothing is decoded: every commit comes with its header dict. */
 static PyObject *events(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_buffer buf, sid, prefix;
     Py_ssize_t pos;
@@ -568,7 +513,8 @@ static PyObject *events(PyObject *Py_UNUSED(self), PyObject *args) {
         const uint8_t *block = base + f.block;
         Span values[SLOTS];
         int seen[SLOTS];
-        int plain = clean_block(block, (Py_ssize_t)f.hlen) && header_values(block, (Py_ssize_t)f.hlen, values, seen) &&
+        int plain = new_event != Py_None && clean_block(block, (Py_ssize_t)f.hlen) &&
+                    header_values(block, (Py_ssize_t)f.hlen, values, seen) &&
                     !seen[BATCH] && find(values[TYPE].at, values[TYPE].at + values[TYPE].length, ',') == NULL &&
                     (!seen[KEY] || find(values[KEY].at, values[KEY].at + values[KEY].length, '%') == NULL);
         int64_t version = plain ? decimal(values[VERSION].at, values[VERSION].length) : -1;
@@ -685,7 +631,6 @@ static PyObject *get_names(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(ignore
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS, "Frame a run of JetStream messages into Arrow views (see the module source)."},
     {"parse_headers", parse_headers, METH_O, "A NATS header block as nats-py parses it; None if it is not ASCII."},
-    {"messages", messages, METH_VARARGS, "Frame a run of JetStream messages, headers parsed (see the module source)."},
     {"events", events, METH_VARARGS, "Frame a run of JetStream messages into events (see the module source)."},
     {"headers", set_headers, METH_VARARGS, "Set the header names of the scanner's columns, from eventstore.wire."},
     {"names", get_names, METH_NOARGS, "The header names headers() set, in its order."},

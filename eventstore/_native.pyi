@@ -12,9 +12,6 @@ def parse_headers(block: bytes, /) -> dict[str, str] | None: ...
 def scan(
     buf: bytes, pos: int, sid: bytes, ack_prefix: bytes, subject_prefix: bytes, /
 ) -> tuple[int, int, int, int, int, int, bytearray, tuple[bytearray, ...], bytearray, bytearray]: ...
-def messages(
-    buf: bytes, pos: int, sid: bytes, ack_prefix: bytes, /
-) -> tuple[int, int, int, int, int, list[int], list[bytes], list[dict[str, str]], list[bytes]]: ...
 def events(
     buf: bytes, pos: int, sid: bytes, ack_prefix: bytes, streams: dict[bytes, object], make_stream: object,
     registry: object, new_event: object, handled: object, /,

@@ -1,12 +1,13 @@
 """The native accelerator of bulk reads, or its Python twins: which one runs, and the functions readers call.
 
 ``eventstore/_native.c`` is compiled by the install where a C compiler is
-found, for CPython's stable ABI. It parses header blocks (every replay:
-``read_all``, ``subscribe``, projection rebuilds and daemons) and frames whole
-runs of a consumer's messages into Arrow views (the Spark reader). Each of its
-functions has a Python twin that gives the same results, and a test holds them
-to it; the Python twin runs where the module was not built, where it was built
-from another version of the source, or when ``JETSOURCING_NATIVE=0`` is set.
+found, for CPython's stable ABI. It frames whole runs of a consumer's messages
+into events (every replay: ``read_all``, ``subscribe``, projection rebuilds and
+daemons) or into Arrow views (the Spark reader), and parses header blocks. Each
+of its functions has a Python twin that gives the same results, and a test
+holds them to it; the Python twin runs where the module was not built, where it
+was built from another version of the source, or when ``JETSOURCING_NATIVE=0``
+is set.
 
 The scanner's header names are this package's :class:`~eventstore.wire.Header`
 names, handed to the C module here at import: they are defined once.
@@ -23,7 +24,7 @@ from .wire import Header
 from .wire import parse_header_lines as python_parse_header_lines
 
 __all__ = [
-    "ACTIVE", "COLUMNS", "EventsResult", "MessagesResult", "SCANNED_HEADERS", "ScanResult", "events", "messages",
+    "ACTIVE", "COLUMNS", "EventsResult", "SCANNED_HEADERS", "ScanResult", "events",
     "parse_header_lines", "scan",
 ]
 
@@ -76,18 +77,11 @@ correlation present, causation present); see ``_native.c``."""
 scan: Callable[[bytes, int, bytes, bytes, bytes], ScanResult] | None = None if _module is None else _module.scan
 """The scanner of the Spark reader's runs (its Python twin is that reader's Python framing), or None."""
 
-MessagesResult = tuple[int, int, int, int, int, list[int], list[bytes], list[dict[str, str]], list[bytes]]
-"""What :data:`messages` returns: (end, count, first_dseq, last_dseq, pending, positions, subjects, header
-dicts, bodies)."""
-
-messages: Callable[[bytes, int, bytes, bytes], MessagesResult] | None = None if _module is None else _module.messages
-"""The framing of every replay's runs, headers parsed (its Python twin is the bulk connection's framing plus
-:func:`parse_header_lines`), or None."""
-
 EventsResult = tuple[int, int, int, int, int, list[int], list[bytes], list[dict[str, str] | None], list[bytes], list[Any]]
 """What :data:`events` returns: (end, count, first_dseq, last_dseq, pending, positions, subjects, header dicts
 or None, bodies, events or None)."""
 
 events: Callable[..., EventsResult] | None = None if _module is None else _module.events
 """The framing of a replay's runs into events (see ``_native.c``): a plain commit becomes its event there, any
-other keeps its header dict for :func:`eventstore.wire.decode_commit`; or None."""
+other keeps its header dict for :func:`eventstore.wire.decode_commit` (every one when ``new_event`` is None);
+or None where the accelerator was not built."""

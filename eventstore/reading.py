@@ -27,7 +27,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Collection, Sequence
-from typing import NamedTuple, cast
+from typing import NamedTuple
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -51,16 +51,16 @@ _MAX_CACHED_STREAMS = 100_000
 
 
 def _parsed_scanner() -> Scanner | None:
-    """The native framing of replays into :class:`Parsed` runs, where the accelerator was built."""
-    frame = native.messages
+    """The native framing of runs into :class:`Parsed` runs with every header dict (no events), where built."""
+    frame = native.events
     if frame is None:
         return None
 
     def scan(data: bytes, pos: int, sid: bytes, ack_prefix: bytes) -> tuple[int, NativeRun | None]:
-        end, count, first, last, pending, positions, subjects, headers, bodies = frame(data, pos, sid, ack_prefix)
-        # Every message keeps its dict here (no events): a list of dict is a list of optional dicts.
-        parsed = Parsed(first, last, pending, positions, subjects, cast("list[dict[str, str] | None]", headers), bodies)
-        return (end, parsed) if count else (pos, None)
+        end, count, first, last, pending, positions, subjects, headers, bodies, _ = frame(
+            data, pos, sid, ack_prefix, {}, None, None, None, None
+        )
+        return (end, Parsed(first, last, pending, positions, subjects, headers, bodies)) if count else (pos, None)
 
     return scan
 

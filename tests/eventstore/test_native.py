@@ -116,7 +116,7 @@ def exercise(data):
                 end, count, *_ = native.scan(data, pos, sid, ack, subject_prefix)
                 assert pos <= end <= len(data)
                 taken += count
-                native.messages(data, pos, sid, ack)
+                native.events(data, pos, sid, ack, {}, None, None, None, None)
                 native.events(data, pos, sid, ack, {}, bytes, None, tuple, None)
     for block in data.split(b"\\r\\n\\r\\n"):
         native.parse_headers(block + b"\\r\\n\\r\\n")
