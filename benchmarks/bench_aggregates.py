@@ -17,9 +17,18 @@ stream. Then:
 * ``command_eps``: ``Repository.execute`` (load + command + save) across 1,000
   aggregates with 64 concurrent tasks, default repository (cache on);
   ``command_eps_uncached`` the same with ``cache_size=0`` (a full load each time: these
-  aggregates hold 31 to 36 commits by then, so a load fetches that many);
+  aggregates hold 16 to 46 commits over the rounds, so a load fetches that many);
   ``command_eps_uncached_snap`` the same with ``snapshot_every=10`` too (a load
-  reads the snapshot and the commits after it).
+  reads the snapshot and the commits after it);
+  ``command_eps_uncached_raw`` the uncached command in plain nats-py, the floor of
+  any client's: the aggregate's commits fetched by sequence (all pipelined,
+  positions known in advance, nothing decoded), then one append with the expected
+  last subject sequence. The four are measured in 3 interleaved rounds (medians
+  reported; ``command_rounds`` has every round), with the nats-server's and this
+  process's CPU per command read from ``/proc`` (``server_us_per_command``,
+  ``client_us_per_command``): the server's CPU per uncached command bounds
+  uncached commands even for a client that cost nothing
+  (``targets.uncached_server_ceiling_over_command_eps``).
 * ``raw_append_concurrent_eps``: single-event commits with the event store's wire
   headers, published with nats-py ``js.publish_async`` and pipelined.
 
@@ -50,6 +59,7 @@ import asyncio
 import contextlib
 import json
 import math
+import os
 import random
 import statistics
 import sys
@@ -59,11 +69,13 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
+import nats.js.errors
+
 from pydantic import BaseModel
 
 from aggregates import Aggregate, DomainEvent, Repository, applies
 from eventstore import EmbeddedServer, EventStore, EventStoreSettings, StreamId, encode_commit
-from eventstore.wire import utc_now_text
+from eventstore.wire import Header, utc_now_text
 
 
 class Deposited(DomainEvent):
@@ -168,6 +180,73 @@ async def run_commands(
     started = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     return commands / (time.perf_counter() - started)
+
+
+def cpu_seconds(pid: int) -> float:
+    """The CPU time (user and system) process ``pid`` has used, from ``/proc``."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def raw_uncached_commands(store: EventStore, ids: list[str], commands: int, concurrency: int) -> float:
+    """Uncached commands in plain nats-py (see the module docs); returns commands per second."""
+    js = store.nc.jetstream()
+    stream, prefix = store.settings.stream, store.settings.subject_prefix
+    known = {a: [e.position for e in await store.read(StreamId("Account", a))] for a in ids}  # not timed
+    counter = iter(range(commands))
+
+    async def worker() -> None:
+        for i in counter:
+            aggregate_id = ids[i % len(ids)]
+            subject = StreamId("Account", aggregate_id).subject(prefix)
+            while True:
+                positions = known[aggregate_id]
+                msgs = await asyncio.gather(*(js.get_msg(stream, seq=p, direct=True) for p in positions))
+                _, body, headers = commit(subject, len(msgs) + 1, b'{"amount":1}')
+                headers[Header.EXPECTED_LAST_SUBJECT_SEQUENCE] = str(positions[-1])
+                try:
+                    ack = await js.publish(subject, body, headers=headers)
+                except nats.js.errors.APIError:  # a conflict: another worker wrote it first
+                    known[aggregate_id] = [e.position for e in await store.read(StreamId("Account", aggregate_id))]
+                    continue
+                known[aggregate_id] = [*positions, ack.seq]
+                break
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return commands / (time.perf_counter() - started)
+
+
+async def command_rounds(
+    store: EventStore, server_pid: int, ids: list[str], runs: dict[str, tuple[Repository[Account] | None, int]]
+) -> dict[str, Any]:
+    """Each run (a repository, or None for the raw nats-py one, and its number of commands) in 3 interleaved
+    rounds: the median commands per second of each, every round, and the median CPU per command of both
+    processes."""
+    rounds: dict[str, list[float]] = {name: [] for name in runs}
+    server_us: dict[str, list[float]] = {name: [] for name in runs}
+    client_us: dict[str, list[float]] = {name: [] for name in runs}
+    for r in range(3):
+        for name, (repo, count) in runs.items():
+            if repo is not None and repo.cache_size > 0:
+                # The other runs wrote to these aggregates since: one untimed command each brings the cache up to
+                # date, or the round would time a conflict and a reload per aggregate.
+                await run_commands(repo, ids, len(ids), 64)
+            server0, client0 = cpu_seconds(server_pid), time.process_time()
+            if repo is None:
+                eps = await raw_uncached_commands(store, ids, count, 64)
+            else:
+                eps = await run_commands(repo, ids, count, 64)
+            rounds[name].append(round(eps))
+            server_us[name].append((cpu_seconds(server_pid) - server0) / count * 1e6)
+            client_us[name].append((time.process_time() - client0) / count * 1e6)
+            progress(f"round {r + 1}, {name}: {eps:,.0f}/s")
+    result: dict[str, Any] = {name: round(statistics.median(eps)) for name, eps in rounds.items()}
+    result["command_rounds"] = rounds
+    result["server_us_per_command"] = {name: round(statistics.median(us)) for name, us in server_us.items()}
+    result["client_us_per_command"] = {name: round(statistics.median(us)) for name, us in client_us.items()}
+    return result
 
 
 class ColdStream:
@@ -288,9 +367,9 @@ async def main(quick: bool) -> dict[str, Any]:
     sizes = {"10": 100, "1000": 10, "10000": 3}
     loads = {"10": 300, "1000": 60, "10000": 15}
     noise_entities, noise_each = 20_000, 10
-    raw_count, commands, uncached_commands = 30_000, 30_000, 5_000
+    raw_count, warm_commands, commands, uncached_commands, raw_commands = 30_000, 14_000, 4_000, 2_000, 1_000
     if quick:
-        noise_entities, raw_count, commands, uncached_commands = 2_000, 10_000, 4_000, 1_000
+        noise_entities, raw_count, warm_commands, commands, uncached_commands, raw_commands = 2_000, 10_000, 2_000, 2_000, 1_000, 500
         loads = {"10": 100, "1000": 20, "10000": 5}
     result: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="bench-aggregates-") as tmp, EmbeddedServer(tmp) as server:
@@ -327,15 +406,19 @@ async def main(quick: bool) -> dict[str, Any]:
             raw = (commit(f"bench.Raw.r{i}", 1, b'{"amount":1}') for i in range(raw_count))
             result["raw_append_concurrent_eps"] = round(await publish_pipelined(store, raw, raw_count, "raw"))
             progress(f"raw publish_async: {result['raw_append_concurrent_eps']:,}/s")
-            result["command_eps"] = round(await run_commands(cached, command_ids, commands, 64))
-            progress(f"commands (cache): {result['command_eps']:,}/s")
-            result["command_eps_uncached"] = round(await run_commands(plain, command_ids, uncached_commands, 64))
-            progress(f"commands (no cache): {result['command_eps_uncached']:,}/s")
             snapped_commands = Repository(store, Account, cache_size=0, snapshot_every=10)
-            result["command_eps_uncached_snap"] = round(await run_commands(snapped_commands, command_ids, uncached_commands, 64))
-            progress(f"commands (no cache, snapshot_every=10): {result['command_eps_uncached_snap']:,}/s")
+            await run_commands(cached, command_ids, warm_commands, 64)
+            await run_commands(snapped_commands, command_ids, len(command_ids), 64)  # writes the snapshots
+            assert server.pid is not None
+            result.update(await command_rounds(store, server.pid, command_ids, {
+                "command_eps": (cached, commands),
+                "command_eps_uncached": (plain, uncached_commands),
+                "command_eps_uncached_raw": (None, raw_commands),
+                "command_eps_uncached_snap": (snapped_commands, uncached_commands),
+            }))
             check = await plain.get("c0")
-            assert check.version == 1 + (commands + 2 * uncached_commands) // len(command_ids), check
+            runs = [warm_commands, len(command_ids)] + 3 * [len(command_ids), commands, uncached_commands, raw_commands, uncached_commands]
+            assert check.version == 1 + sum(math.ceil(n / len(command_ids)) for n in runs), check  # c0 is in every run
     result["targets"] = {
         "load_snap_p99_10000_over_load_p99_10": round(result["load_snap_p99_ms"]["10000"] / result["load_p99_ms"]["10"], 3),
         "load_snap_p99_10000_over_load_recent10_p99": round(
@@ -344,6 +427,10 @@ async def main(quick: bool) -> dict[str, Any]:
         "command_eps_over_raw": round(result["command_eps"] / result["raw_append_concurrent_eps"], 3),
         "command_eps_uncached_over_command_eps": round(result["command_eps_uncached"] / result["command_eps"], 3),
         "command_eps_uncached_snap_over_command_eps": round(result["command_eps_uncached_snap"] / result["command_eps"], 3),
+        "command_eps_uncached_over_raw": round(result["command_eps_uncached"] / result["command_eps_uncached_raw"], 3),
+        "uncached_server_ceiling_over_command_eps": round(
+            1e6 / result["server_us_per_command"]["command_eps_uncached"] / result["command_eps"], 3
+        ),
         "cold_load_p50_largest_over_20000": round(
             result["cold_load_p50_ms"][max(result["cold_load_p50_ms"], key=int)] / result["cold_load_p50_ms"]["20000"], 3
         ),
@@ -356,8 +443,10 @@ async def main(quick: bool) -> dict[str, Any]:
         "noise_events": noise_entities * noise_each,
         "loads": loads,
         "snapshot_every": 100,
-        "commands": commands,
-        "uncached_commands": uncached_commands,
+        "command_rounds": 3,
+        "commands_per_round": commands,
+        "uncached_commands_per_round": uncached_commands,
+        "raw_uncached_commands_per_round": raw_commands,
         "concurrency": 64,
         "command_aggregates": 1000,
     }
