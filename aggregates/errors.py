@@ -11,7 +11,13 @@ and type::
     ├── MissingHandlerError        the aggregate has no @applies handler for an event's type
     ├── UnregisteredEventError     a stored event's type has no registered model  (also eventstore.UnknownEventTypeError)
     ├── InvalidStoredEventError    a stored payload does not upcast or validate  (also eventstore.EventDecodeError)
-    └── DomainError                base for your own invariant violations: a command refused
+    ├── DomainError                base for your own invariant violations: a command refused
+    │   └── CommandRejectedError   a command sent over NATS was refused by the aggregate (the service's DomainError)
+    └── CommandError               a command sent over NATS (:class:`CommandClient`) did not succeed
+        ├── InvalidCommandError    the service could not decode it, or it named no aggregate it can serve
+        ├── CommandConflictError   it kept conflicting with concurrent writers until the service gave up
+        ├── CommandFailedError     the service's handler raised an unexpected error (a bug: see its log)
+        └── CommandUnavailableError  no service answered in time: retry with the same command id
 
 A conflicting save raises the event store's own
 :class:`~eventstore.ConcurrencyError`, unchanged: it is the one error callers
@@ -26,7 +32,13 @@ __all__ = [
     "AggregateDefinitionError",
     "AggregateError",
     "AggregateNotFoundError",
+    "CommandConflictError",
+    "CommandError",
+    "CommandFailedError",
+    "CommandRejectedError",
+    "CommandUnavailableError",
     "DomainError",
+    "InvalidCommandError",
     "InvalidAggregateIdError",
     "InvalidStoredEventError",
     "MissingHandlerError",
@@ -116,4 +128,43 @@ class DomainError(AggregateError):
 
     A refused command records nothing and :meth:`Repository.execute` never
     retries it.
+    """
+
+
+class CommandRejectedError(DomainError):
+    """The aggregate refused a command sent over NATS: the service's handler raised :class:`DomainError`.
+
+    Nothing was stored. ``error_type`` is the name of the class the handler raised.
+    """
+
+    def __init__(self, message: str, error_type: str) -> None:
+        super().__init__(message)
+        self.error_type = error_type
+
+
+class CommandError(AggregateError):
+    """Base of the errors a :class:`~aggregates.CommandClient` raises when a command did not succeed (besides
+    :class:`CommandRejectedError` and :class:`AggregateNotFoundError`, which say the same as in-process)."""
+
+
+class InvalidCommandError(CommandError, ValueError):
+    """The service could not take the command: not JSON, not valid for its model, or a bad aggregate id.
+    Nothing ran; fix the request."""
+
+
+class CommandConflictError(CommandError):
+    """The command conflicted with concurrent writers on every attempt the service's retry policy allows.
+    Nothing was stored; sending it again (with the same command id) is safe."""
+
+
+class CommandFailedError(CommandError):
+    """The service's handler raised an unexpected error (not a :class:`DomainError`): a bug on the service's
+    side, logged there with its traceback. Nothing was stored."""
+
+
+class CommandUnavailableError(CommandError, ConnectionError):
+    """No service answered: none serves the command's subject, or no answer came within the timeout.
+
+    After a timeout the command may or may not have run; sending it again with
+    the same command id is safe: it runs at most once.
     """
