@@ -31,6 +31,7 @@ Example::
 """
 
 from .aggregate import Aggregate, applies
+from .client import CommandClient, CommandReply
 from .commands import CommandResult, RetryPolicy
 from .errors import (
     AggregateDefinitionError,
@@ -50,6 +51,7 @@ from .errors import (
 )
 from .events import DomainEvent, register_events
 from .repository import Repository
+from .service import CommandService
 from .upcasting import upcaster
 
 __all__ = [
@@ -57,10 +59,19 @@ __all__ = [
     "AggregateDefinitionError",
     "AggregateError",
     "AggregateNotFoundError",
+    "CommandClient",
+    "CommandConflictError",
+    "CommandError",
+    "CommandFailedError",
+    "CommandRejectedError",
+    "CommandReply",
     "CommandResult",
+    "CommandService",
+    "CommandUnavailableError",
     "DomainError",
     "DomainEvent",
     "InvalidAggregateIdError",
+    "InvalidCommandError",
     "InvalidStoredEventError",
     "MissingHandlerError",
     "Repository",

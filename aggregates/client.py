@@ -1,0 +1,166 @@
+"""Send commands to a :class:`~aggregates.CommandService` over NATS: one awaitable call per command.
+
+::
+
+    client = CommandClient(store.nc)
+    reply = await client.send(Account, "alice", Deposit(amount=5))
+    reply.version, reply.position, reply.command_id
+
+Failures raise the same errors as in-process (:class:`~aggregates.DomainError`
+as :class:`~aggregates.CommandRejectedError`,
+:class:`~aggregates.AggregateNotFoundError`) or a
+:class:`~aggregates.CommandError`. Every command carries a command id (a new
+one unless given); resending it with the same id is safe: the service runs it
+at most once and answers a resend with the first run's version and position.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import nats.errors
+from nats.aio.client import Client as NATS
+from pydantic import BaseModel
+
+from eventstore import EventStore, InvalidArgumentError
+from eventstore.wire import check_metadata
+
+from .aggregate import Aggregate
+from .command_messages import COMMAND_ID_HEADER, CORRELATION_ID_HEADER, check_name, check_prefix, command_subject
+from .errors import (
+    AggregateNotFoundError,
+    CommandConflictError,
+    CommandError,
+    CommandFailedError,
+    CommandRejectedError,
+    CommandUnavailableError,
+    InvalidCommandError,
+)
+
+__all__ = ["CommandClient", "CommandReply"]
+
+_RAISES: dict[str, type[Exception]] = {
+    "invalid": InvalidCommandError,
+    "conflict": CommandConflictError,
+    "unavailable": CommandUnavailableError,
+    "failed": CommandFailedError,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class CommandReply:
+    """A command's success: the aggregate's version and position after it, and the command id it ran under.
+
+    ``duplicate`` is True when the id had run before (nothing new was stored;
+    version and position are the first run's). ``value`` is what the handler
+    returned, as JSON (None when it returned nothing).
+    """
+
+    version: int
+    position: int
+    duplicate: bool
+    command_id: str
+    value: Any = None
+
+
+class CommandClient:
+    """Sends commands as NATS requests to ``<subject_prefix>.<Category>.<Command>``.
+
+    Each :meth:`send` ends within its timeout. Safe for many concurrent tasks.
+    """
+
+    def __init__(self, connection: EventStore | NATS, *, subject_prefix: str = "cmd", timeout_s: float = 5.0) -> None:
+        if isinstance(connection, EventStore):
+            connection = connection.nc
+        if not isinstance(connection, NATS):
+            raise InvalidArgumentError(
+                f"CommandClient needs an EventStore or a connected nats-py client, not {connection!r:.80}."
+            )
+        self._nc = connection
+        self.subject_prefix = check_prefix(subject_prefix)
+        self.timeout_s = _check_timeout(timeout_s)
+
+    async def send(
+        self,
+        aggregate: type[Aggregate[Any]] | str,
+        aggregate_id: str,
+        command: BaseModel,
+        *,
+        name: str | None = None,
+        command_id: str | None = None,
+        correlation_id: str | None = None,
+        timeout_s: float | None = None,
+    ) -> CommandReply:
+        """Send ``command`` for the aggregate ``aggregate_id`` and wait for the service's answer.
+
+        ``aggregate`` is the aggregate class or its category; ``name`` the
+        command's name (default: the command's class name). ``command_id``
+        (default: a new UUID) makes a resend safe. Raises, without waiting,
+        :class:`~eventstore.InvalidArgumentError` for arguments that cannot
+        make a request; after sending, the errors in the module docs.
+        """
+        category = check_name(aggregate if isinstance(aggregate, str) else _category(aggregate), "aggregate category")
+        if not isinstance(aggregate_id, str) or not aggregate_id:
+            raise InvalidArgumentError(f"aggregate_id must be a non-empty str, not {aggregate_id!r:.80}.")
+        if not isinstance(command, BaseModel):
+            raise InvalidArgumentError(f"A command must be a pydantic model instance, not {command!r:.80}.")
+        subject = command_subject(self.subject_prefix, category, check_name(name if name is not None else type(command).__name__))
+        command_id = uuid.uuid4().hex if command_id is None else command_id
+        check_metadata("command_id", command_id)
+        headers = {COMMAND_ID_HEADER: command_id}
+        if correlation_id is not None:
+            check_metadata("correlation_id", correlation_id)
+            headers[CORRELATION_ID_HEADER] = correlation_id
+        timeout = self.timeout_s if timeout_s is None else _check_timeout(timeout_s)
+        body = json.dumps({"aggregate_id": aggregate_id, "command": command.model_dump(mode="json")}).encode()
+        try:
+            reply = await self._nc.request(subject, body, timeout=timeout, headers=headers)
+        except nats.errors.NoRespondersError as exc:
+            raise CommandUnavailableError(
+                f"No service serves {subject}: start one (CommandService) with this command, or check the subject "
+                "prefix on both sides."
+            ) from exc
+        except (nats.errors.TimeoutError, asyncio.TimeoutError) as exc:
+            raise CommandUnavailableError(
+                f"No answer to the command on {subject} within {timeout}s: it may or may not have run. Send it "
+                f"again with command_id={command_id!r}: it runs at most once."
+            ) from exc
+        except nats.errors.Error as exc:
+            raise CommandUnavailableError(f"Could not send the command on {subject}: {exc}") from exc
+        return _answer(subject, category, aggregate_id, command_id, reply.data)
+
+
+def _answer(subject: str, category: str, aggregate_id: str, command_id: str, data: bytes) -> CommandReply:
+    try:
+        answer = json.loads(data)
+        if answer["ok"]:
+            return CommandReply(
+                int(answer["version"]), int(answer["position"]), bool(answer["duplicate"]), command_id, answer.get("value")
+            )
+        kind, message = str(answer["error"]), str(answer["message"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CommandError(f"The answer to the command on {subject} is not a command service's: {data[:200]!r}") from exc
+    if kind == "domain":
+        raise CommandRejectedError(message, str(answer.get("type") or "DomainError"))
+    if kind == "not_found":
+        raise AggregateNotFoundError(category, aggregate_id)
+    raise _RAISES.get(kind, CommandError)(message)
+
+
+def _category(aggregate: object) -> str:
+    if isinstance(aggregate, type) and issubclass(aggregate, Aggregate):
+        return aggregate.category
+    raise InvalidArgumentError(f"aggregate must be an Aggregate class or a category name, not {aggregate!r:.80}.")
+
+
+def _check_timeout(timeout_s: object) -> float:
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not (0 < timeout_s < math.inf):
+        raise InvalidArgumentError(f"timeout_s must be a finite number of seconds > 0, not {timeout_s!r:.80}.")
+    return float(timeout_s)
+
+

@@ -1,0 +1,287 @@
+"""Serve an application's commands over NATS request-reply, in a queue group.
+
+::
+
+    service = CommandService(store)
+
+    @service.command(accounts, Deposit)            # serves cmd.Account.Deposit
+    def deposit(account: Account, command: Deposit) -> None:
+        account.deposit(command.amount)
+
+    async with service:                            # subscribed; leaving drains in-flight commands
+        await stop_event.wait()
+
+Every process that serves the same subjects with the same ``queue`` shares
+the work: NATS hands each request to exactly one of them, so more processes
+serve more commands. Each request runs through :meth:`Repository.execute`
+(retries on conflicts, the command id as the idempotency key), so a client
+that resends a command with the same id after a timeout or a crashed worker
+gets it applied once. The wire format is in :mod:`aggregates.command_messages`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import pydantic_core
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from pydantic import BaseModel, ValidationError
+
+from eventstore import ConcurrencyError, EventStore, EventStoreError, InvalidArgumentError, ServerUnavailableError
+
+from .aggregate import Aggregate
+from .command_messages import (
+    COMMAND_ID_HEADER,
+    CORRELATION_ID_HEADER,
+    check_name,
+    check_prefix,
+    command_subject,
+)
+from .errors import AggregateNotFoundError, DomainError, InvalidAggregateIdError
+from .repository import Repository
+
+__all__ = ["CommandService"]
+
+log = logging.getLogger(__name__)
+
+A = TypeVar("A", bound=Aggregate[Any])
+M = TypeVar("M", bound=BaseModel)
+
+
+@dataclass(frozen=True)
+class _Route(Generic[A, M]):
+    repository: Repository[A]
+    model: type[M]
+    handler: Callable[[A, M], Any]
+    create: bool
+
+
+class CommandService:
+    """Serves commands on ``<subject_prefix>.<Category>.<Command>`` in the queue group ``queue``.
+
+    Guarantees:
+
+    * Every request that reaches the service gets one reply: the new version
+      and position, or an error saying what went wrong (a domain refusal,
+      not found, an invalid request, a conflict after every retry, the
+      store unavailable, or a failed handler). A malformed request is
+      answered as invalid; nothing crashes the service.
+    * At most ``max_in_flight`` commands run at once (further requests wait
+      in the subscription's queue).
+    * :meth:`stop` stops taking requests, lets those already received run to
+      their reply, and ends within ``drain_timeout_s``: commands still
+      running then are cancelled (each either stored whole or not at all; the
+      client's resend with the same command id finds out which).
+    """
+
+    def __init__(
+        self,
+        store: EventStore,
+        *,
+        subject_prefix: str = "cmd",
+        queue: str = "jetsourcing-commands",
+        max_in_flight: int = 64,
+        drain_timeout_s: float = 10.0,
+    ) -> None:
+        if not isinstance(store, EventStore):
+            raise InvalidArgumentError(f"CommandService needs an EventStore, not {store!r:.80}.")
+        self.store = store
+        self.subject_prefix = check_prefix(subject_prefix)
+        self.queue = check_name(queue, "queue group name")
+        if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 1:
+            raise InvalidArgumentError(f"max_in_flight must be an int >= 1, not {max_in_flight!r}.")
+        if isinstance(drain_timeout_s, bool) or not isinstance(drain_timeout_s, (int, float)) or not drain_timeout_s > 0:
+            raise InvalidArgumentError(f"drain_timeout_s must be a number of seconds > 0, not {drain_timeout_s!r}.")
+        self.max_in_flight = max_in_flight
+        self.drain_timeout_s = float(drain_timeout_s)
+        self._routes: dict[str, _Route[Any, Any]] = {}
+        self._subs: list[Subscription] = []
+        self._slots = asyncio.Semaphore(max_in_flight)
+        self._running: set[asyncio.Task[None]] = set()
+
+    @property
+    def subjects(self) -> list[str]:
+        """The subjects served, one per command."""
+        return list(self._routes)
+
+    def add(
+        self,
+        repository: Repository[A],
+        model: type[M],
+        handler: Callable[[A, M], Any],
+        *,
+        name: str | None = None,
+        create: bool = False,
+    ) -> str:
+        """Serve commands of type ``model`` with ``handler(aggregate, command)``; returns the subject.
+
+        ``name`` (default: the model's class name) is the command's subject
+        token; ``create=True`` runs the handler on a new, empty aggregate when
+        the id has none. ``handler`` may be a coroutine function; what it
+        returns is sent back as ``value`` when it can be JSON. Add every
+        command before :meth:`start`.
+        """
+        if not isinstance(repository, Repository):
+            raise InvalidArgumentError(f"Commands are served through a Repository, not {repository!r:.80}.")
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            raise InvalidArgumentError(f"A command's model must be a pydantic BaseModel class, not {model!r:.80}.")
+        if not callable(handler):
+            raise InvalidArgumentError(f"A command's handler must be callable, not {handler!r:.80}.")
+        if not isinstance(create, bool):
+            raise InvalidArgumentError(f"create must be a bool, not {create!r:.80}.")
+        if self._subs:
+            raise InvalidArgumentError("Add commands before the service starts; it is already serving.")
+        subject = command_subject(
+            self.subject_prefix, repository.aggregate_type.category, check_name(name if name is not None else model.__name__)
+        )
+        if subject in self._routes:
+            raise InvalidArgumentError(f"{subject} is served already; give one of the commands another name.")
+        self._routes[subject] = _Route(repository, model, handler, create)
+        return subject
+
+    def command(
+        self, repository: Repository[A], model: type[M], *, name: str | None = None, create: bool = False
+    ) -> Callable[[Callable[[A, M], Any]], Callable[[A, M], Any]]:
+        """Decorator form of :meth:`add`: the decorated function is the handler, returned unchanged."""
+
+        def register(handler: Callable[[A, M], Any]) -> Callable[[A, M], Any]:
+            self.add(repository, model, handler, name=name, create=create)
+            return handler
+
+        return register
+
+    async def start(self) -> None:
+        """Subscribe to every command's subject in the queue group (returns once the server has the interest)."""
+        if not self._routes:
+            raise InvalidArgumentError("The service has no commands: add some before starting it.")
+        if self._subs:
+            return
+        nc = self.store.nc
+        for subject in self._routes:
+            self._subs.append(await nc.subscribe(subject, queue=self.queue, cb=self._receive))
+        await nc.flush(timeout=math.ceil(self.store.settings.request_timeout_s))
+        log.info("serving %d command(s) in queue group %r: %s", len(self._routes), self.queue, ", ".join(self._routes))
+
+    async def stop(self) -> None:
+        """Stop taking requests, finish those received, and end within ``drain_timeout_s`` (see the class)."""
+        subs, self._subs = self._subs, []
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.drain_timeout_s
+        for sub in subs:
+            try:
+                # drain: unsubscribe, then run the callback on what was already delivered
+                await asyncio.wait_for(sub.drain(), max(0.01, deadline - loop.time()))  # type: ignore[no-untyped-call]
+            except Exception as exc:  # noqa: BLE001 - a closed connection: nothing more can arrive anyway
+                log.debug("draining %s: %r", sub.subject, exc)
+        if self._running:
+            _, late = await asyncio.wait(set(self._running), timeout=max(0.0, deadline - loop.time()))
+            for task in late:
+                task.cancel()
+            if late:
+                log.warning("%d command(s) still running after %.1fs were cancelled", len(late), self.drain_timeout_s)
+                await asyncio.wait(late, timeout=1.0)
+
+    async def __aenter__(self) -> CommandService:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    async def _receive(self, msg: Msg) -> None:
+        # nats-py runs a subscription's callbacks one at a time: hand each command to a task of its own.
+        await self._slots.acquire()
+        task = asyncio.create_task(self._handle(msg))
+        self._running.add(task)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._running.discard(task)
+        self._slots.release()
+
+    async def _handle(self, msg: Msg) -> None:
+        if not msg.reply:
+            log.warning("a command on %s without a reply subject was ignored: send commands as requests", msg.subject)
+            return
+        try:
+            answer = await self._run(msg)
+        except asyncio.CancelledError:
+            # Stopped past the drain timeout: tell the client now rather than let it wait for its timeout.
+            with contextlib.suppress(Exception):
+                await self.store.nc.publish(msg.reply, json.dumps(_error(
+                    "unavailable",
+                    "The command service stopped before the command finished: it was stored whole or not at all. "
+                    "Send it again with the same command id to find out (it runs at most once).",
+                )).encode())
+            raise
+        except Exception as exc:  # noqa: BLE001 - the last line of defence: a reply, never a dead service
+            log.exception("command on %s failed", msg.subject)
+            answer = _error("failed", f"The command's handler raised {type(exc).__name__}: {exc}", exc)
+        try:
+            await self.store.nc.publish(msg.reply, json.dumps(answer).encode())
+        except Exception as exc:  # noqa: BLE001 - the client is gone or the connection closed; it may resend
+            log.warning("could not reply to a command on %s: %r", msg.subject, exc)
+
+    async def _run(self, msg: Msg) -> dict[str, Any]:
+        route = self._routes.get(msg.subject)
+        if route is None:  # pragma: no cover - only subscribed subjects arrive
+            return _error("invalid", f"No command is served on {msg.subject}.")
+        try:
+            request = json.loads(msg.data)
+        except ValueError as exc:
+            return _error("invalid", f"The request to {msg.subject} is not JSON ({exc}).", exc)
+        if not isinstance(request, dict) or not isinstance(request.get("aggregate_id"), str) or "command" not in request:
+            return _error(
+                "invalid",
+                f"The request to {msg.subject} must be a JSON object with \"aggregate_id\" (a string) and \"command\".",
+            )
+        try:
+            command = route.model.model_validate(request["command"])
+        except ValidationError as exc:
+            return _error("invalid", f"The command is not a valid {route.model.__name__}: {exc}", exc)
+        headers = msg.headers or {}
+        command_id = headers.get(COMMAND_ID_HEADER) or None
+        handler = route.handler
+        try:
+            result = await route.repository.execute(
+                request["aggregate_id"],
+                lambda aggregate: handler(aggregate, command),
+                create=route.create,
+                command_id=command_id,
+                correlation_id=headers.get(CORRELATION_ID_HEADER) or None,
+            )
+        except DomainError as exc:
+            return _error("domain", str(exc), exc)
+        except AggregateNotFoundError as exc:
+            return _error("not_found", str(exc), exc)
+        except (InvalidAggregateIdError, InvalidArgumentError) as exc:
+            return _error("invalid", str(exc), exc)
+        except ConcurrencyError as exc:
+            return _error("conflict", f"{exc} The service gave up after {route.repository.retry.attempts} attempts.", exc)
+        except ServerUnavailableError as exc:
+            return _error("unavailable", str(exc), exc)
+        except EventStoreError as exc:
+            return _error("failed", str(exc), exc)
+        answer: dict[str, Any] = {
+            "ok": True, "version": result.version, "position": result.position, "duplicate": result.duplicate,
+            "command_id": command_id,
+        }
+        if result.value is not None:
+            try:
+                answer["value"] = pydantic_core.to_jsonable_python(result.value)
+            except pydantic_core.PydanticSerializationError:
+                log.warning("the value the command on %s returned is not JSON: not sent", msg.subject)
+        return answer
+
+
+def _error(kind: str, message: str, exc: BaseException | None = None) -> dict[str, Any]:
+    return {"ok": False, "error": kind, "message": message, "type": type(exc).__name__ if exc is not None else None}
+
