@@ -3,7 +3,9 @@
 If you are here to read the code, start with ``events.py`` (:class:`DomainEvent`),
 then ``aggregate.py`` (:class:`Aggregate`, ``@applies``), ``repository.py``
 (loading, saving, :meth:`Repository.execute`), ``commands.py`` (retries and
-results), ``snapshots.py``, ``upcasting.py`` and ``errors.py``.
+results), ``snapshots.py``, ``upcasting.py`` and ``errors.py``. Commands over
+NATS: ``service.py`` (:class:`CommandService`), ``client.py``
+(:class:`CommandClient`) and their wire format, ``command_messages.py``.
 
 Example::
 

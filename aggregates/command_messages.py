@@ -33,22 +33,20 @@ _PREFIX = re.compile(r"[A-Za-z0-9_-]{1,64}(\.[A-Za-z0-9_-]{1,64}){0,7}")
 
 def check_name(name: object, what: str = "command name") -> str:
     """``name`` if it can be one subject token (a letter, then letters, digits, ``_`` or ``-``; at most 64)."""
-    if not isinstance(name, str) or not _TOKEN.fullmatch(name):
-        raise InvalidArgumentError(
-            f"Invalid {what} {name!r}: it must start with a letter and hold only letters, digits, '_' or '-' "
-            "(at most 64 characters), e.g. 'Deposit'."
-        )
-    return name
+    return _checked(_TOKEN, name, f"Invalid {what} {name!r:.80}: it must start with a letter and hold only letters, "
+                    "digits, '_' or '-' (at most 64 characters), e.g. 'Deposit'.")
 
 
 def check_prefix(prefix: object) -> str:
     """``prefix`` if it can start a command subject: dot-separated tokens without wildcards or spaces."""
-    if not isinstance(prefix, str) or not _PREFIX.fullmatch(prefix):
-        raise InvalidArgumentError(
-            f"Invalid command subject prefix {prefix!r}: use one or more dot-separated tokens of letters, "
-            "digits, '_' or '-' (no spaces, no '*' or '>'), e.g. 'cmd' or 'bank.cmd'."
-        )
-    return prefix
+    return _checked(_PREFIX, prefix, f"Invalid command subject prefix {prefix!r:.80}: use one or more dot-separated "
+                    "tokens of letters, digits, '_' or '-' (no spaces, no '*' or '>'), e.g. 'cmd' or 'bank.cmd'.")
+
+
+def _checked(pattern: re.Pattern[str], value: object, message: str) -> str:
+    if not isinstance(value, str) or not pattern.fullmatch(value):
+        raise InvalidArgumentError(message)
+    return value
 
 
 def command_subject(prefix: str, category: str, command: str) -> str:
