@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import random
+import uuid
 from collections import Counter
 from datetime import date
 
 import pytest
 
-from aggregates import Repository
+from aggregates import CommandClient, CommandRejectedError, Repository
 from eventstore import EventStore, StreamId
 from projections import MemoryStore, fold
+from samples.bank.commands import Deposit, OpenAccount, Withdraw, command_service
 from samples.bank import (
     Account,
     AccountBalances,
@@ -210,3 +212,16 @@ async def test_read_models_agree_with_the_aggregates(bank: Bank, store: EventSto
     assert sum(r["net"] for r in daily.values()) == sum(r["balance"] for r in rows.values())
     [p1] = models["transfer_statuses"]["transfers"]
     assert (p1["transfer_id"], p1["status"], p1["amount"]) == ("p1", "completed", 5_00)
+
+
+async def test_the_bank_serves_its_account_commands_over_nats(bank: Bank, store: EventStore) -> None:
+    prefix = f"cmd{uuid.uuid4().hex[:8]}"
+    async with command_service(store, subject_prefix=prefix):
+        client = CommandClient(store, subject_prefix=prefix)
+        await client.send(Account, "acc-nats", OpenAccount(owner="Nat"))
+        assert (await client.send(Account, "acc-nats", Deposit(amount=500, value_date=DAY))).value == 500
+        with pytest.raises(CommandRejectedError) as refused:
+            await client.send(Account, "acc-nats", Withdraw(amount=501, value_date=DAY))
+        assert refused.value.error_type == "InsufficientFunds" and "500" in str(refused.value)
+        assert (await client.send(Account, "acc-nats", Withdraw(amount=200, value_date=DAY))).value == 300
+    assert await bank.balance("acc-nats") == 300
