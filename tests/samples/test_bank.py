@@ -222,6 +222,6 @@ async def test_the_bank_serves_its_account_commands_over_nats(bank: Bank, store:
         assert (await client.send(Account, "acc-nats", Deposit(amount=500, value_date=DAY))).value == 500
         with pytest.raises(CommandRejectedError) as refused:
             await client.send(Account, "acc-nats", Withdraw(amount=501, value_date=DAY))
-        assert refused.value.error_type == "InsufficientFunds" and "500" in str(refused.value)
+        assert refused.value.error_type == "InsufficientFunds" and "balance is 5.00" in str(refused.value)
         assert (await client.send(Account, "acc-nats", Withdraw(amount=200, value_date=DAY))).value == 300
     assert await bank.balance("acc-nats") == 300
