@@ -20,6 +20,7 @@ from .errors import (
     EventDecodeError,
     EventStoreError,
     EventTooLargeError,
+    ImportPathError,
     InvalidArgumentError,
     InvalidEventError,
     InvalidStreamIdError,
@@ -28,6 +29,7 @@ from .errors import (
     StreamConfigError,
     UnknownEventTypeError,
 )
+from .loading import import_object
 from .events import ANY, NO_STREAM, AppendResult, ExpectedVersion, RecordedEvent, StreamState
 from .reading import Replayed, StoredMessage
 from .registry import TypeRegistry, Upcaster
@@ -57,6 +59,7 @@ __all__ = [
     "EventTooLargeError",
     "ExpectedVersion",
     "Header",
+    "ImportPathError",
     "InvalidArgumentError",
     "InvalidEventError",
     "InvalidStreamIdError",
@@ -82,5 +85,6 @@ __all__ = [
     "encode_commit",
     "encode_entity_id",
     "find_nats_server",
+    "import_object",
     "stop_task",
 ]

@@ -14,7 +14,8 @@ what was wrong and what to do about it::
     ├── ServerUnavailableError    the server cannot be reached or did not answer in time
     │   ├── AuthenticationError   the server rejected the credentials, or TLS failed: retrying cannot help
     │   └── StorageError          the server answers but cannot store: its storage is full, at its limit or failing
-    └── StreamConfigError         the stream exists with settings unfit for an event store
+    ├── StreamConfigError         the stream exists with settings unfit for an event store
+    └── ImportPathError           user code named as ``module:attr`` cannot be imported (also ImportError)
 
 Backend errors (nats-py exceptions, JetStream ``err_code`` values) are turned
 into these at one boundary, :func:`eventstore.append`'s reply handling and
@@ -41,6 +42,7 @@ __all__ = [
     "EventDecodeError",
     "EventStoreError",
     "EventTooLargeError",
+    "ImportPathError",
     "InvalidArgumentError",
     "InvalidEventError",
     "InvalidStreamIdError",
@@ -55,6 +57,10 @@ __all__ = [
 
 class EventStoreError(Exception):
     """Base of every error raised by :mod:`eventstore`."""
+
+
+class ImportPathError(EventStoreError, ImportError):
+    """User code named by import path (``module:attr``, as command lines take it) cannot be imported."""
 
 
 class InvalidArgumentError(EventStoreError, TypeError, ValueError):

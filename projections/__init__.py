@@ -28,7 +28,7 @@ from .errors import (
     RebuildError,
     RowError,
 )
-from .loading import import_object, load_projection
+from .loading import load_projection
 from .projection import ErrorPolicy, Projection, handles
 from .rebuild import RebuildResult, rebuild
 from .settings import ProjectionSettings
@@ -98,7 +98,6 @@ __all__ = [
     "fold",
     "format_status",
     "handles",
-    "import_object",
     "load_projection",
     "progress_for",
     "read_reactor_dead_letters",

@@ -7,6 +7,12 @@
     jetsourcing rebuild myapp.views:AccountBalances                    # replay into a shadow, switch
     jetsourcing rebuild myapp.views:AccountBalances --resume           # go on after an interrupted one
     jetsourcing status [--json]
+    jetsourcing serve myapp.commands:service                           # commands over NATS (aggregates.cli)
+    jetsourcing spark rebuild myapp.views:AccountBalances --root DIR   # Spark and Delta (spark_projections.cli)
+
+``serve`` and ``spark`` are the other packages' commands, found through the
+``jetsourcing.commands`` entry points (so this package imports neither):
+each is a ``main(argv)`` run with the arguments after its name.
 
 Projections are named by import path ``module:Class`` (the current directory
 is importable). The server comes from ``NATS_URL`` or ``--nats-url``; every
@@ -27,9 +33,12 @@ import logging
 import sys
 import traceback
 from collections.abc import Sequence
+from importlib.metadata import EntryPoint, PackageNotFoundError, entry_points, version
 from typing import Any
 
-from eventstore import EventStoreError, EventStoreSettings
+from pydantic import ValidationError
+
+from eventstore import EventStoreError, EventStoreSettings, ImportPathError
 
 from .daemon import SignalShutdown, run_daemon
 from .errors import ProjectionError, ProjectionLoadError
@@ -53,8 +62,15 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     common.add_argument("--debug", action="store_true", help="print the traceback of an error, not only its message")
 
-    parser = argparse.ArgumentParser(prog="jetsourcing", description="Run, rebuild and inspect jetsourcing projections.")
+    parser = argparse.ArgumentParser(
+        prog="jetsourcing", description="Run jetsourcing: projections, command services, Spark.",
+        epilog="examples: jetsourcing run myapp.views:Balances | jetsourcing status | "
+        "jetsourcing serve myapp.commands:service | jetsourcing spark check",
+    )
+    parser.add_argument("--version", action="version", version=f"jetsourcing {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
+    for name in _plugins():  # listed for --help; run by main before parsing
+        commands.add_parser(name, add_help=False, help=f"(see jetsourcing {name} --help)")
 
     run = commands.add_parser("run", parents=[common], help="catch up, then keep the read models up to date")
     run.add_argument("projections", nargs="+", metavar="module:Class")
@@ -105,8 +121,42 @@ def _rebuild_until_signal(projection: Projection, settings: ProjectionSettings, 
         raise SystemExit(shutdown.exit_code) from None
 
 
+def _version() -> str:
+    try:
+        return version("jetsourcing")
+    except PackageNotFoundError:  # pragma: no cover - run from a source tree that was never installed
+        return "unknown"
+
+
+def _plugins() -> dict[str, EntryPoint]:
+    return {entry.name: entry for entry in entry_points(group="jetsourcing.commands")}
+
+
+def _run_plugin(entry: EntryPoint, argv: list[str]) -> int:
+    """Run another package's command with the same error handling (one line; the traceback with --debug)."""
+    debug = "--debug" in argv
+    args = argparse.Namespace(debug=debug)
+    logging.basicConfig(level="INFO", stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s")
+    try:
+        command = entry.load()
+        return int(command([a for a in argv if a != "--debug"]))
+    except KeyboardInterrupt:
+        return 130
+    except ImportPathError as exc:
+        return _fail(args, exc, 2)
+    except (EventStoreError, ValidationError, ImportError) as exc:
+        return _fail(args, exc, 1)
+    except Exception as exc:  # noqa: BLE001 - one line, not a traceback (unless --debug)
+        ours = type(exc).__module__.split(".")[0] in {"aggregates", "spark_projections", "projections", "eventstore"}
+        return _fail(args, exc, 1, "" if ours else f"unexpected {type(exc).__name__}: ")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``jetsourcing`` console script; returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    plugins = _plugins()
+    if argv and argv[0] in plugins:
+        return _run_plugin(plugins[argv[0]], argv[1:])
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s")
     try:

@@ -16,7 +16,7 @@ run in Spark), ``delta.py`` and ``session.py``. Modules, one job each:
 * :mod:`spark_projections.jars` - where the Delta jars come from (Maven or offline folder);
 * :mod:`spark_projections.java` - the Java 17+ check done before a JVM starts;
 * :mod:`spark_projections.errors` - the typed errors, each with a user-facing remedy;
-* :mod:`spark_projections.cli` - ``jetsourcing-spark``: ``check``, ``fetch-delta-jars``,
+* :mod:`spark_projections.cli` - ``jetsourcing spark``: ``check``, ``fetch-delta-jars``,
   ``rebuild`` and ``update``.
 
 Spark and Delta are the ``[spark]`` extra: ``pip install 'jetsourcing[spark]'``. The event

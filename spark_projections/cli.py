@@ -1,4 +1,4 @@
-"""``jetsourcing-spark``: operate the Spark side of jetsourcing from a shell.
+"""``jetsourcing spark``: operate the Spark side of jetsourcing from a shell.
 
 Sub-commands:
 
@@ -28,8 +28,8 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from eventstore import EventStoreSettings
-from projections import Projection, ProjectionLoadError, import_object
+from eventstore import EventStoreSettings, ImportPathError, import_object
+from projections import Projection
 from spark_projections.errors import SparkProjectionError
 from spark_projections.projection import AnyProjection, DataFrameProjection, last_position, rebuild, update
 
@@ -42,7 +42,9 @@ def main(argv: Sequence[str] | None = None, *, spark: SparkSession | None = None
     ``spark``: a session to use instead of one from ``JETSOURCING_SPARK_*`` settings (tests, notebooks).
     """
     parser = argparse.ArgumentParser(
-        prog="jetsourcing-spark", description="Operate the Spark side of jetsourcing."
+        prog="jetsourcing spark", description="Operate the Spark side of jetsourcing.",
+        epilog="examples: jetsourcing spark check | "
+        "jetsourcing spark rebuild myapp.views:AccountBalances --root /lake/accounts"
     )
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("check", help="start Spark with Delta and do a Delta round trip")
@@ -60,7 +62,7 @@ def main(argv: Sequence[str] | None = None, *, spark: SparkSession | None = None
             return run_command(args, spark)
         return _fetch(args.dest, args.delta_version)
     except SparkProjectionError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"jetsourcing: {exc}", file=sys.stderr)
         return 2
 
 
@@ -68,7 +70,7 @@ def load(path: str) -> AnyProjection:
     """Import ``module:attr``: a Projection subclass or instance, or a DataFrameProjection."""
     try:
         obj = import_object(path)
-    except ProjectionLoadError as exc:
+    except ImportPathError as exc:
         raise SparkProjectionError(str(exc)) from exc
     if isinstance(obj, type) and issubclass(obj, Projection):
         obj = obj()

@@ -2,7 +2,7 @@
 
 Online mode asks Spark to resolve :func:`delta_coordinate` from Maven Central (Spark's
 Ivy caches it under ``~/.ivy2.5.2``). Offline mode points ``spark.jars`` at a folder
-prepared beforehand by :func:`export_delta_jars` (CLI: ``jetsourcing-spark
+prepared beforehand by :func:`export_delta_jars` (CLI: ``jetsourcing spark
 fetch-delta-jars DIR``) and validated by :func:`offline_delta_jars`.
 :func:`diagnose_launch_failure` turns what the JVM printed when it died during start-up
 into a typed error.
@@ -66,7 +66,7 @@ def offline_delta_jars(jars_dir: Path) -> list[Path]:
     """
     prepare = (
         "Prepare the folder on a machine that reaches Maven Central with "
-        f"`jetsourcing-spark fetch-delta-jars {jars_dir}` and copy it here, or unset "
+        f"`jetsourcing spark fetch-delta-jars {jars_dir}` and copy it here, or unset "
         "JETSOURCING_SPARK_DELTA_JARS_DIR to download the jars at start-up."
     )
     if not jars_dir.is_dir():
@@ -193,7 +193,7 @@ def diagnose_launch_failure(output: str, *, coordinate: str | None) -> SparkProj
         modules = ", ".join(sorted(set(unresolved)))
         offline_hint = (
             "To run without network access, prepare a jars folder on a machine that has "
-            "it (`jetsourcing-spark fetch-delta-jars DIR`), copy it here and set "
+            "it (`jetsourcing spark fetch-delta-jars DIR`), copy it here and set "
             "JETSOURCING_SPARK_DELTA_JARS_DIR=DIR."
         )
         if hosts:

@@ -40,7 +40,7 @@ Example::
     rebuild(spark, AccountBalances(), settings, "/lake/accounts")   # /lake/accounts/balances, .../closures
     update(spark, AccountBalances(), settings, "/lake/accounts")    # later: only the new events
 
-From a shell: ``jetsourcing-spark rebuild myapp.views:AccountBalances --root /lake/accounts``.
+From a shell: ``jetsourcing spark rebuild myapp.views:AccountBalances --root /lake/accounts``.
 
 Executors must import the projection's module (an installed package, or
 ``spark.sparkContext.addPyFile``). Handler errors fail the Spark job (the

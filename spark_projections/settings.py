@@ -66,7 +66,7 @@ class SparkSettings(BaseSettings):
     """Delta Lake version resolved from Maven Central in online mode."""
 
     delta_jars_dir: Path | None = None
-    """Offline mode: folder of jars (see ``jetsourcing-spark fetch-delta-jars``); no download."""
+    """Offline mode: folder of jars (see ``jetsourcing spark fetch-delta-jars``); no download."""
 
     driver_memory: str | None = None
     """``spark.driver.memory`` (e.g. ``"4g"``); only effective when this call starts the JVM."""

@@ -53,7 +53,12 @@ def test_the_core_installs_and_imports_without_spark(tmp_path: Path) -> None:
     assert found["native"] == "native", found["native"]  # the accelerator's abi3 build came with the wheel
     assert "pip install 'jetsourcing[spark]'" in found["spark"], found["spark"]
     cli = subprocess.run([str(env_dir / "bin" / "jetsourcing"), "--help"], capture_output=True, text=True, timeout=60)
-    assert cli.returncode == 0 and "rebuild" in cli.stdout, cli.stderr
+    assert cli.returncode == 0 and "rebuild" in cli.stdout and "serve" in cli.stdout, cli.stderr
+    spark_cli = subprocess.run([str(env_dir / "bin" / "jetsourcing"), "spark", "check"], capture_output=True,
+                               text=True, timeout=60)
+    lines = spark_cli.stderr.splitlines()
+    assert spark_cli.returncode == 1 and len(lines) == 1, spark_cli.stderr
+    assert lines[0].startswith("jetsourcing: ") and "pip install 'jetsourcing[spark]'" in lines[0], lines
     wheel_tags = subprocess.run(
         [str(python), "-c", "import eventstore._native as n; print(n.__file__)"], capture_output=True, text=True,
         cwd=tmp_path,

@@ -42,5 +42,10 @@ async def main(nats_url: str, stream: str, subject_prefix: str, command_prefix: 
     await store.close()
 
 
+def not_a_service(store: EventStore, **options: object) -> str:
+    """A factory that returns no service, for the CLI's error test."""
+    return "not a service"
+
+
 if __name__ == "__main__":
     asyncio.run(main(*sys.argv[1:5]))

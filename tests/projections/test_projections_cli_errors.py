@@ -44,11 +44,12 @@ COMMANDS = {
     "run-burst": ("run", "projection_examples:AccountBalances", "--until-caught-up"),
     "run": ("run", "projection_examples:AccountBalances"),
     "rebuild": ("rebuild", "projection_examples:AccountBalances"),
+    "serve": ("serve", "samples.bank.commands:command_service"),
 }
 
 
 @pytest.mark.parametrize("server", ["refused", "silent", "info-then-silent"])
-@pytest.mark.parametrize("command", ["run-burst", "rebuild"])
+@pytest.mark.parametrize("command", ["run-burst", "rebuild", "serve"])
 async def test_cli_reports_an_unusable_server_in_one_line(tmp_path: Path, server: str, command: str) -> None:
     greeting = INFO_LINE if server == "info-then-silent" else b""
     async with SilentServer(greeting) as silent:
@@ -69,11 +70,11 @@ async def test_cli_debug_adds_the_traceback(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("server", ["refused", "silent"])
 async def test_spark_cli_reports_an_unusable_server_in_one_line_before_starting_spark(tmp_path: Path, server: str) -> None:
-    argv = [sys.executable, "-m", "spark_projections.cli", "update", "projection_examples:Movements",
+    argv = [sys.executable, "-m", "projections.cli", "spark", "update", "projection_examples:Movements",
             "--root", str(tmp_path / "delta")]
     async with SilentServer() as silent:
         url = f"nats://127.0.0.1:{EmbeddedServer().port}" if server == "refused" else silent.url
         code, stderr, elapsed = await _run_cli(url, tmp_path, argv=argv)
     assert code == 2, stderr  # the Spark CLI's code for an explained error
-    assert len(stderr) == 1 and stderr[0].startswith("error: Could not connect to NATS"), stderr
+    assert len(stderr) == 1 and stderr[0].startswith("jetsourcing: Could not connect to NATS"), stderr
     assert elapsed < BOUND_S + 3, f"took {elapsed:.1f}s"  # + importing pyspark; Spark itself never starts

@@ -189,5 +189,5 @@ def test_cli_reports_errors_without_a_traceback(
     monkeypatch.setenv("JETSOURCING_SPARK_DELTA_JARS_DIR", str(tmp_path / "missing"))
     assert main(["check"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: The offline Delta jars folder")
+    assert err.startswith("jetsourcing: The offline Delta jars folder")
     assert "Traceback" not in err

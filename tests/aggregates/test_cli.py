@@ -1,0 +1,111 @@
+"""``jetsourcing serve``: a command service process that drains on SIGTERM, and its errors in one line."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import date
+from pathlib import Path
+
+import pytest
+
+from aggregates import CommandClient, Repository
+from eventstore import EventStore
+from samples.bank.account import Account
+from samples.bank.commands import Deposit, OpenAccount
+
+ROOT = Path(__file__).resolve().parents[2]
+DAY = date(2026, 1, 1)
+
+
+@asynccontextmanager
+async def serving(store: EventStore, prefix: str, *args: str) -> AsyncIterator[asyncio.subprocess.Process]:
+    """``jetsourcing serve samples.bank.commands:command_service`` on the test's stream, started and ready."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JETSOURCING_")}
+    env.update({"NATS_URL": store.settings.nats_url or "", "JETSOURCING_STREAM": store.settings.stream,
+                "JETSOURCING_SUBJECT_PREFIX": store.settings.subject_prefix, "PYTHONPATH": str(ROOT)})
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "projections.cli", "serve", "samples.bank.commands:command_service",
+        "--command-prefix", prefix, *args, env=env, stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert process.stderr is not None
+        async with asyncio.timeout(30):
+            while b"jetsourcing serve:" not in (line := await process.stderr.readline()):
+                assert line, "the service ended before serving"
+        yield process
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+@pytest.mark.parametrize("attempt", range(3))  # a shutdown race hides: try it more than once
+async def test_serve_answers_commands_and_sigterm_drains_and_exits_0(store: EventStore, attempt: int) -> None:
+    prefix = f"cmd{uuid.uuid4().hex[:8]}"
+    client = CommandClient(store, subject_prefix=prefix)
+    async with serving(store, prefix) as process:
+        await client.send(Account, "acc-1", OpenAccount(owner="Ann"))
+        sends = [asyncio.create_task(client.send(Account, "acc-1", Deposit(amount=1, value_date=DAY), command_id=f"d{i}"))
+                 for i in range(50)]
+        await asyncio.sleep(0.01)
+        started = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(10):
+            code = await process.wait()
+        assert code == 0 and time.monotonic() - started < 5
+    done = await asyncio.gather(*sends, return_exceptions=True)
+    answered = [r for r in done if not isinstance(r, BaseException)]
+    # What was answered is stored; what was not (sent after the drain began) is not, and resending is safe.
+    assert (await Repository(store, Account).get("acc-1")).state.balance == len(answered)
+
+
+async def test_serve_exits_130_on_ctrl_c(store: EventStore) -> None:
+    async with serving(store, f"cmd{uuid.uuid4().hex[:8]}") as process:
+        process.send_signal(signal.SIGINT)
+        async with asyncio.timeout(10):
+            assert await process.wait() == 130
+
+
+@pytest.mark.parametrize(
+    ("factory", "code", "message"),
+    [
+        ("nope:x", 2, "Cannot import 'nope'"),
+        ("samples.bank.commands", 2, "is not an import path"),
+        ("samples.bank.commands:Deposit", 1, "raised TypeError"),
+        ("tests.aggregates.service_worker:not_a_service", 1, "returned 'not a service', not a CommandService"),
+        ("samples.bank.commands:__doc__", 1, "not a function returning a CommandService"),
+    ],
+)
+async def test_serve_errors_are_one_line(store: EventStore, factory: str, code: int, message: str) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JETSOURCING_")}
+    env.update({"NATS_URL": store.settings.nats_url or "", "JETSOURCING_STREAM": store.settings.stream,
+                "JETSOURCING_SUBJECT_PREFIX": store.settings.subject_prefix, "PYTHONPATH": str(ROOT)})
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "projections.cli", "serve", factory, env=env, stderr=asyncio.subprocess.PIPE
+    )
+    async with asyncio.timeout(30):
+        _, stderr = await process.communicate()
+    lines = stderr.decode().splitlines()
+    assert process.returncode == code, lines
+    assert len(lines) == 1 and lines[0].startswith("jetsourcing: ") and message in lines[0], lines
+
+
+async def test_serve_settings_are_checked_in_one_line(store: EventStore) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JETSOURCING_")}
+    env.update({"NATS_URL": store.settings.nats_url or "", "PYTHONPATH": str(ROOT),
+                "JETSOURCING_COMMAND_MAX_IN_FLIGHT": "0"})
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "projections.cli", "serve", "samples.bank.commands:command_service",
+        env=env, stderr=asyncio.subprocess.PIPE,
+    )
+    async with asyncio.timeout(30):
+        _, stderr = await process.communicate()
+    text = stderr.decode()
+    assert process.returncode == 1 and text.startswith("jetsourcing: ") and "max_in_flight" in text, text
