@@ -28,6 +28,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/bench_eventstore.py
 	$(PY) benchmarks/bench_aggregates.py
+	$(PY) benchmarks/bench_commands.py
 	$(PY) benchmarks/bench_projections.py
 	$(PY) benchmarks/bench_spark.py
 

@@ -23,7 +23,6 @@ import asyncio
 import logging
 import os
 import signal
-import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -96,7 +95,5 @@ async def _serve(path: str, factory: Any, settings: CommandServiceSettings) -> i
         if not isinstance(service, CommandService):
             raise InvalidArgumentError(f"{path}(store, **options) returned {service!r:.80}, not a CommandService.")
         async with service:
-            print(f"jetsourcing serve: {len(service.subjects)} command(s) in queue group {service.queue!r} "
-                  f"(pid {os.getpid()}): {', '.join(service.subjects)}", file=sys.stderr, flush=True)
             await stop.wait()
     return 130 if received == [signal.SIGINT] else 0

@@ -26,6 +26,8 @@ import contextlib
 import json
 import logging
 import math
+import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -46,6 +48,7 @@ from .command_messages import (
     command_subject,
 )
 from .errors import AggregateNotFoundError, DomainError, InvalidAggregateIdError
+from .metrics import COMMAND_SECONDS, COMMANDS
 from .repository import Repository
 
 __all__ = ["CommandService"]
@@ -168,7 +171,8 @@ class CommandService:
         for subject in self._routes:
             self._subs.append(await nc.subscribe(subject, queue=self.queue, cb=self._receive))
         await nc.flush(timeout=math.ceil(self.store.settings.request_timeout_s))
-        log.info("serving %d command(s) in queue group %r: %s", len(self._routes), self.queue, ", ".join(self._routes))
+        log.info("serving %d command(s) in queue group %r (pid %d): %s", len(self._routes), self.queue, os.getpid(),
+                 ", ".join(self._routes))
 
     async def stop(self) -> None:
         """Stop taking requests, finish those received, and end within ``drain_timeout_s`` (see the class)."""
@@ -211,9 +215,11 @@ class CommandService:
         if not msg.reply:
             log.warning("a command on %s without a reply subject was ignored: send commands as requests", msg.subject)
             return
+        started = time.perf_counter()
         try:
             answer = await self._run(msg)
         except asyncio.CancelledError:
+            COMMANDS.labels(msg.subject, "cancelled").inc()
             # Stopped past the drain timeout: tell the client now rather than let it wait for its timeout.
             with contextlib.suppress(Exception):
                 await self.store.nc.publish(msg.reply, json.dumps(_error(
@@ -229,6 +235,9 @@ class CommandService:
             await self.store.nc.publish(msg.reply, json.dumps(answer).encode())
         except Exception as exc:  # noqa: BLE001 - the client is gone or the connection closed; it may resend
             log.warning("could not reply to a command on %s: %r", msg.subject, exc)
+        outcome = ("duplicate" if answer["duplicate"] else "ok") if answer["ok"] else answer["error"]
+        COMMANDS.labels(msg.subject, outcome).inc()
+        COMMAND_SECONDS.labels(msg.subject).observe(time.perf_counter() - started)
 
     async def _run(self, msg: Msg) -> dict[str, Any]:
         route = self._routes.get(msg.subject)

@@ -43,6 +43,8 @@ from eventstore import EventStoreError, EventStoreSettings, ImportPathError
 from .daemon import SignalShutdown, run_daemon
 from .errors import ProjectionError, ProjectionLoadError
 from .loading import load_projection
+from .logs import configure_logging
+from .metrics import serve_metrics
 from .progress import progress_for
 from .projection import ErrorPolicy, Projection
 from .rebuild import RebuildResult, rebuild
@@ -59,8 +61,7 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("--stream", help="JetStream stream of the events (JETSOURCING_STREAM)")
     common.add_argument("--subject-prefix", help="subject prefix of the events (JETSOURCING_SUBJECT_PREFIX)")
     common.add_argument("--lease-bucket", help="KV bucket of the leases (JETSOURCING_LEASE_BUCKET)")
-    common.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-    common.add_argument("--debug", action="store_true", help="print the traceback of an error, not only its message")
+    _add_global_options(common)
 
     parser = argparse.ArgumentParser(
         prog="jetsourcing", description="Run jetsourcing: projections, command services, Spark.",
@@ -121,6 +122,23 @@ def _rebuild_until_signal(projection: Projection, settings: ProjectionSettings, 
         raise SystemExit(shutdown.exit_code) from None
 
 
+def _add_global_options(parser: argparse.ArgumentParser) -> None:
+    """The options every command takes, ``serve`` and ``spark`` too (they are taken off before those run)."""
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    parser.add_argument("--log-format", default="text", choices=["text", "json"],
+                        help="log lines as text, or as one JSON object each (for log collectors)")
+    parser.add_argument("--metrics-port", type=int, metavar="PORT",
+                        help="serve Prometheus metrics at http://0.0.0.0:PORT/metrics while the command runs")
+    parser.add_argument("--debug", action="store_true", help="print the traceback of an error, not only its message")
+
+
+def _start(args: argparse.Namespace) -> None:
+    """Logging and the metrics endpoint, as the global options say."""
+    configure_logging(args.log_level, args.log_format)
+    if args.metrics_port is not None:
+        serve_metrics(args.metrics_port)
+
+
 def _version() -> str:
     try:
         return version("jetsourcing")
@@ -133,13 +151,15 @@ def _plugins() -> dict[str, EntryPoint]:
 
 
 def _run_plugin(entry: EntryPoint, argv: list[str]) -> int:
-    """Run another package's command with the same error handling (one line; the traceback with --debug)."""
-    debug = "--debug" in argv
-    args = argparse.Namespace(debug=debug)
-    logging.basicConfig(level="INFO", stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s")
+    """Run another package's command with the global options and the same error handling (one line; the
+    traceback with --debug)."""
+    options = argparse.ArgumentParser(prog=f"jetsourcing {entry.name}", add_help=False)
+    _add_global_options(options)
+    args, rest = options.parse_known_args(argv)
     try:
+        _start(args)
         command = entry.load()
-        return int(command([a for a in argv if a != "--debug"]))
+        return int(command(rest))
     except KeyboardInterrupt:
         return 130
     except ImportPathError as exc:
@@ -158,8 +178,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv and argv[0] in plugins:
         return _run_plugin(plugins[argv[0]], argv[1:])
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s")
     try:
+        _start(args)
         settings = _settings(args)
         if args.command == "run":
             projections = [load_projection(p) for p in args.projections]

@@ -41,12 +41,13 @@ from typing import Any, TypeVar
 
 from nats.js.kv import KeyValue
 
-from eventstore import EventStore, RecordedEvent, Replayed, stop_task
+from eventstore import EventStore, EventStoreError, RecordedEvent, Replayed, stop_task
 
 from .applier import Applier, Counters, error_report
 from .connection import connect_event_store, lease_key
 from .errors import CheckpointConflictError, ProjectionStoppedError, ReadModelMismatchError, RebuildError
 from .lease import Lease, new_owner_id, open_lease_bucket
+from .metrics import PROJECTION_CHECKPOINT, PROJECTION_EVENTS, PROJECTION_LAG, serving
 from .progress import progress_for
 from .projection import Projection
 from .rebuild import rebuild
@@ -250,6 +251,7 @@ class ProjectionRunner:
                         batch = task.result()
                     except StopAsyncIteration:
                         await self._apply(applier, [], through=target)
+                        PROJECTION_CHECKPOINT.labels(self.name).set(writer.checkpoint)
                         store.set_state(self.name, RunState.STOPPED, owner=self.owner, counters=self.counters.as_dict())
                         log.info("%s: caught up to position %d.", self.name, writer.checkpoint)
                         return Outcome.CAUGHT_UP
@@ -258,6 +260,8 @@ class ProjectionRunner:
                     self.counters.skipped += batch.skipped
                     try:
                         await self._apply(applier, batch.events, through=batch.last_position)
+                        PROJECTION_EVENTS.labels(self.name).inc(len(batch.events))
+                        PROJECTION_CHECKPOINT.labels(self.name).set(writer.checkpoint)
                     except ProjectionStoppedError as exc:
                         failure = exc.failure
                         log.error("%s\n%s", exc, failure.traceback)
@@ -274,6 +278,10 @@ class ProjectionRunner:
                     last_touch = now
                     if not writer.touch(self.counters.as_dict()):
                         raise _Reload
+                    if serving():
+                        with contextlib.suppress(EventStoreError):  # a lost server shows in the daemon's own logs
+                            last = await self.es.last_position()
+                            PROJECTION_LAG.labels(self.name).set(max(0, last - writer.checkpoint))
         finally:
             # Bounded: a read inside a nats-py request can swallow its cancellation (see eventstore.tasks).
             timeout_s = self.settings.eventstore.request_timeout_s

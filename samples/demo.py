@@ -8,10 +8,14 @@
    crashes to show that redeliveries change nothing.
 3. Run the projection daemon in burst mode into a SQLite file; show rows,
    status, and check the books (money is conserved, nothing overdrawn).
-4. Rebuild a read model blue/green while a writer keeps appending and the
+4. Serve the bank's commands over NATS from two ``jetsourcing serve`` worker
+   processes in one queue group; send deposits and overdrafts with a
+   ``CommandClient``, stop the workers with SIGTERM, and read the new balances
+   from the read model.
+5. Rebuild a read model blue/green while a writer keeps appending and the
    daemon keeps following; show the switch, and check the result against a
    clean replay.
-5. Spark: rebuild the same projections into Delta tables straight from
+6. Spark: rebuild the same projections into Delta tables straight from
    JetStream, check them against the SQLite read models, append more, run an
    incremental update and show the Delta history with its stream positions.
 
@@ -36,7 +40,7 @@ from projections import ProjectionSettings
 from samples.bank import Bank
 from samples.bank.workload import plan
 from samples.report import Report
-from samples.steps import DATABASE, Demo, blue_green, catch_up, event_store, money, run_bank
+from samples.steps import DATABASE, Demo, blue_green, catch_up, commands_over_nats, event_store, money, run_bank
 
 __all__ = ["main", "parse_args"]
 
@@ -110,6 +114,8 @@ async def run(args: argparse.Namespace, report: Report) -> None:
             await run_bank(demo)
             report.step("Projection daemon (burst mode) into SQLite")
             await catch_up(demo)
+            report.step("Commands over NATS: two workers in a queue group")
+            await commands_over_nats(demo)
             report.step("Blue/green rebuild while writing")
             await blue_green(demo)
             if not args.skip_spark:
@@ -149,7 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="  %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     for handler in logging.getLogger().handlers:
         handler.addFilter(_DropSimulatedCrashes())
-    steps = 4 if args.skip_spark else 5
+    steps = 5 if args.skip_spark else 6
     report = Report(steps)
     try:
         asyncio.run(run(args, report))

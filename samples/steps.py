@@ -11,7 +11,9 @@ import asyncio
 import contextlib
 import os
 import random
+import signal
 import sqlite3
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -22,6 +24,7 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from aggregates import CommandClient, CommandRejectedError
 from eventstore import EventStore, EventStoreSettings
 from projections import (
     Daemon,
@@ -36,7 +39,8 @@ from projections import (
     read_status,
     rebuild,
 )
-from samples.bank import AccountBalances, Bank, DailyMovements, TransferProcess, TransferStatuses
+from samples.bank import Account, AccountBalances, Bank, DailyMovements, TransferProcess, TransferStatuses
+from samples.bank.commands import Deposit, Withdraw
 from samples.bank.workload import FIRST_DAY, Customer, Tally, open_accounts, plan, run_commands
 from samples.report import Report
 
@@ -46,6 +50,7 @@ __all__ = [
     "bank_projections",
     "blue_green",
     "catch_up",
+    "commands_over_nats",
     "event_store",
     "money",
     "run_bank",
@@ -228,7 +233,88 @@ def money(cents: int | None) -> str:
     return "-" if cents is None else f"{cents / 100:,.2f}"
 
 
-# -- step 4: blue/green rebuild ------------------------------------------------------------
+# -- step 4: commands over NATS ------------------------------------------------------------
+
+NATS_WORKERS = 2
+"""Processes of ``jetsourcing serve`` the demo starts in one queue group."""
+
+
+async def commands_over_nats(demo: Demo) -> None:
+    """Serve the bank's commands from two worker processes, send deposits and overdrafts over NATS, stop the
+    workers with SIGTERM, and read the new balances from the read model."""
+    report, settings = demo.report, demo.psettings.eventstore
+    prefix = f"{settings.stream.lower()}_cmd"
+    report.say(f"{NATS_WORKERS} worker processes serve the bank's account commands in one NATS queue group -- "
+               "[bold]jetsourcing serve samples.bank.commands:command_service[/] in each")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JETSOURCING_")}
+    env.update({"NATS_URL": settings.nats_url or "", "JETSOURCING_STREAM": settings.stream,
+                "JETSOURCING_SUBJECT_PREFIX": settings.subject_prefix,
+                "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")])})
+    workers = [
+        await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "projections.cli", "serve", "samples.bank.commands:command_service",
+            "--command-prefix", prefix, env=env, stderr=asyncio.subprocess.PIPE,
+        )
+        for _ in range(NATS_WORKERS)
+    ]
+    try:
+        for worker in workers:
+            assert worker.stderr is not None
+            async with asyncio.timeout(30):
+                while b"serving " not in (line := await worker.stderr.readline()):
+                    if not line:
+                        raise RuntimeError(f"a command worker (pid {worker.pid}) ended before serving")
+        report.done(f"{NATS_WORKERS} workers serve {prefix}.Account.{{OpenAccount,Deposit,Withdraw}} "
+                    f"(pids {', '.join(str(w.pid) for w in workers)})")
+        chosen = [c.account_id for c in demo.customers[:20]]
+        before = dict(demo.query(
+            f"SELECT account_id, balance FROM balances WHERE account_id IN ({','.join('?' * len(chosen))})", chosen
+        ))
+        client = CommandClient(demo.store, subject_prefix=prefix)
+        day, amount, rounds = FIRST_DAY + timedelta(days=40), 100, 10
+        started = time.monotonic()
+        replies = await asyncio.gather(*(
+            client.send(Account, account, Deposit(amount=amount, value_date=day), command_id=f"nats-{account}-{n}")
+            for n in range(rounds) for account in chosen
+        ))
+        seconds = time.monotonic() - started
+        demo.tally.cash_in += amount * len(replies)
+        demo.tally.accepted["deposit over NATS"] += len(replies)
+        report.check("every deposit sent over NATS was answered, and stored once",
+                     len({r.command_id for r in replies}) == len(replies) and not any(r.duplicate for r in replies),
+                     f"{len(replies)} deposits in {seconds:.1f}s")
+        refused, example, overdrawn = 0, "", chosen[:5]
+        for account in overdrawn:
+            try:
+                await client.send(Account, account, Withdraw(amount=10**12, value_date=day))
+            except CommandRejectedError as exc:
+                refused += exc.error_type == "InsufficientFunds"
+                example = str(exc)
+        report.check("an overdraft over NATS is refused with the aggregate's own error", refused == len(overdrawn),
+                     f"InsufficientFunds, e.g. {example[:90]}")
+        started = time.monotonic()
+        for worker in workers:
+            worker.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(15):
+            codes = [await worker.wait() for worker in workers]
+        report.check("on SIGTERM the workers drained and exited 0", codes == [0] * NATS_WORKERS,
+                     f"exit codes {codes} in {time.monotonic() - started:.1f}s")
+    finally:
+        for worker in workers:
+            if worker.returncode is None:
+                worker.kill()
+                await worker.wait()
+    await Daemon(bank_projections(), demo.psettings, event_store=demo.store).run(until_caught_up=True)
+    after = dict(demo.query(
+        f"SELECT account_id, balance FROM balances WHERE account_id IN ({','.join('?' * len(chosen))})", chosen
+    ))
+    report.table("account_balances after the commands over NATS (read model)", ["account", "before", "after"],
+                 [(a, money(before[a]), money(after[a])) for a in chosen[:5]])
+    report.check("the read model shows each balance raised by the deposits over NATS",
+                 all(after[a] == before[a] + rounds * amount for a in chosen), f"{len(chosen)} accounts")
+
+
+# -- step 5: blue/green rebuild ------------------------------------------------------------
 
 
 async def blue_green(demo: Demo) -> None:

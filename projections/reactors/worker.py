@@ -69,6 +69,7 @@ from pydantic import BaseModel
 from eventstore import Backoff, EventStore, EventStoreError, Header, RecordedEvent, stop_task
 from eventstore.streams import validate_category
 
+from ..metrics import REACTOR_DEAD_LETTERS, REACTOR_DELIVERIES, REACTOR_REDELIVERIES
 from .dead_letters import DeadLetterReason, ensure_dead_letter_stream, publish_dead_letter
 from .errors import DeadLetterStreamError, PoisonEvent, ReactorConfigError, ReactorConsumerError, ReactorError
 
@@ -651,8 +652,10 @@ class ReactorWorker:
         if self._stopping:
             await self._reply(msg, b"-NAK")  # arrived after stop(): hand it straight to another worker
             return
+        REACTOR_DELIVERIES.labels(self.reactor.name).inc()
         if delivery > 1:
             self.stats.redelivered += 1
+            REACTOR_REDELIVERIES.labels(self.reactor.name).inc()
         reply = msg.reply
         self._flights[reply] = (msg, time.monotonic())
         try:
@@ -724,6 +727,7 @@ class ReactorWorker:
         await self._reply(msg, b"+TERM " + f"{reason.value}: {error}"[:500].encode())
         if stored:
             self.stats.dead_lettered += 1
+            REACTOR_DEAD_LETTERS.labels(self.reactor.name).inc()
         log.warning(
             "reactor %s: position %d dead-lettered (%s) after %d deliveries: %s",
             self.reactor.name, position, reason.value, delivery, error,
@@ -761,6 +765,7 @@ class ReactorWorker:
             return
         if stored:
             self.stats.dead_lettered += 1
+            REACTOR_DEAD_LETTERS.labels(self.reactor.name).inc()
             log.warning("reactor %s: position %d dead-lettered after %d deliveries without a verdict",
                         self.reactor.name, position, deliveries)
 

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+import socket
 import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -14,11 +17,12 @@ from datetime import date
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
-from aggregates import CommandClient, Repository
+from aggregates import CommandClient, CommandRejectedError, Repository
 from eventstore import EventStore
 from samples.bank.account import Account
-from samples.bank.commands import Deposit, OpenAccount
+from samples.bank.commands import Deposit, OpenAccount, Withdraw
 
 ROOT = Path(__file__).resolve().parents[2]
 DAY = date(2026, 1, 1)
@@ -37,7 +41,7 @@ async def serving(store: EventStore, prefix: str, *args: str) -> AsyncIterator[a
     try:
         assert process.stderr is not None
         async with asyncio.timeout(30):
-            while b"jetsourcing serve:" not in (line := await process.stderr.readline()):
+            while b"serving " not in (line := await process.stderr.readline()):
                 assert line, "the service ended before serving"
         yield process
     finally:
@@ -109,3 +113,33 @@ async def test_serve_settings_are_checked_in_one_line(store: EventStore) -> None
         _, stderr = await process.communicate()
     text = stderr.decode()
     assert process.returncode == 1 and text.startswith("jetsourcing: ") and "max_in_flight" in text, text
+
+
+async def test_serve_logs_json_and_counts_commands_in_its_metrics(store: EventStore) -> None:
+    prefix = f"cmd{uuid.uuid4().hex[:8]}"
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    client = CommandClient(store, subject_prefix=prefix)
+    async with serving(store, prefix, "--log-format", "json", "--metrics-port", str(port)) as process:
+        await client.send(Account, "acc-m", OpenAccount(owner="Meg"))
+        await client.send(Account, "acc-m", Deposit(amount=5, value_date=DAY))
+        with pytest.raises(CommandRejectedError):
+            await client.send(Account, "acc-m", Withdraw(amount=6, value_date=DAY))
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+        process.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(10):
+            assert await process.wait() == 0
+        assert process.stderr is not None
+        rest = (await process.stderr.read()).decode().splitlines()
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(text) for s in family.samples}
+    counted = {labels: value for (name, labels), value in samples.items() if name == "jetsourcing_commands_total"}
+    assert counted == {
+        (("outcome", "ok"), ("subject", f"{prefix}.Account.OpenAccount")): 1.0,
+        (("outcome", "ok"), ("subject", f"{prefix}.Account.Deposit")): 1.0,
+        (("outcome", "domain"), ("subject", f"{prefix}.Account.Withdraw")): 1.0,
+    }
+    assert samples[("jetsourcing_command_seconds_count", (("subject", f"{prefix}.Account.Deposit"),))] == 1.0
+    assert all(json.loads(line)["level"] for line in rest)  # the log lines after the ready one: JSON too
