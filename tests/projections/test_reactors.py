@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 from pydantic import BaseModel
 
 from eventstore import NO_STREAM, EmbeddedServer, EventStore, EventStoreSettings, RecordedEvent, StreamId
@@ -96,6 +97,14 @@ async def consumer_info(store: EventStore, name: str) -> dict[str, object]:
 # -- shared work ----------------------------------------------------------------
 
 
+def reactor_metrics(name: str) -> dict[str, float]:
+    """The reactor's counters in this process's Prometheus registry (they add up across tests: compare deltas)."""
+    return {
+        kind: REGISTRY.get_sample_value(f"jetsourcing_reactor_{kind}_total", {"reactor": name}) or 0.0
+        for kind in ("deliveries", "redeliveries", "dead_letters")
+    }
+
+
 async def test_three_workers_share_3000_events_and_none_is_lost(store: EventStore) -> None:
     await append_numbered(store, range(3000))
     seen: list[Counter[int]] = [Counter(), Counter(), Counter()]
@@ -146,7 +155,10 @@ async def test_a_handler_that_fails_twice_is_retried_and_the_commit_is_acked_onc
             raise ConnectionError("mail server unavailable")
 
     reactor = Reactor("flaky", handler=flaky, max_deliver=5, retry_backoff_s=[0.05, 0.1], ack_wait_s=2)
+    before = reactor_metrics("flaky")
     stats = await asyncio.wait_for(run_reactor(store, reactor, until_idle=True), 15)
+    after = reactor_metrics("flaky")
+    assert {k: after[k] - before[k] for k in after} == {"deliveries": 3, "redeliveries": 2, "dead_letters": 0}
 
     assert calls[2] == 3, "delivered three times: two failures, then success"
     assert calls[1] == 3, "the commit is retried whole: its first event is handled again (at-least-once)"
@@ -169,7 +181,9 @@ async def test_failing_and_poison_events_land_in_the_dead_letter_stream_with_the
         handled.append(n)
 
     reactor = Reactor("shipper", handler=handle, max_deliver=3, retry_backoff_s=[0.05], ack_wait_s=2)
+    before = reactor_metrics("shipper")
     stats = await asyncio.wait_for(run_reactor(store, reactor, until_idle=True, concurrency=4), 15)
+    assert reactor_metrics("shipper")["dead_letters"] - before["dead_letters"] == 2
 
     assert sorted(handled) == [0, 1, 3, 5], "failing events do not hold the others up"
     assert attempts[2] == 3 and attempts[4] == 1
