@@ -1,0 +1,129 @@
+"""``jetsourcing events`` and ``jetsourcing entity``: look at the stored events from a shell.
+
+::
+
+    jetsourcing events tail                          # the last 10 positions, then follow live (Ctrl-C ends)
+    jetsourcing events tail --category Account -n 500 --no-follow
+    jetsourcing events tail --category Account --entity alice --json
+    jetsourcing entity show Account alice            # one entity's history, with versions
+
+Payloads are shown as stored (JSON), so no domain code needs to be importable.
+The ``jetsourcing`` command (``projections.cli``) runs these through the
+``jetsourcing.commands`` entry points; errors end it with one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from .errors import InvalidArgumentError
+from .events import RecordedEvent
+from .settings import EventStoreSettings
+from .store import EventStore
+from .streams import StreamId
+
+__all__ = ["entity_main", "events_main"]
+
+
+def _connection_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--nats-url", help="NATS server URL(s) (NATS_URL)")
+    parser.add_argument("--stream", help="JetStream stream of the events (JETSOURCING_STREAM)")
+    parser.add_argument("--subject-prefix", help="subject prefix of the events (JETSOURCING_SUBJECT_PREFIX)")
+    parser.add_argument("--json", action="store_true", help="one JSON object per event and line (for tools)")
+
+
+def _settings(args: argparse.Namespace) -> EventStoreSettings:
+    return EventStoreSettings(**{k: v for k, v in (("nats_url", args.nats_url), ("stream", args.stream),
+                                                   ("subject_prefix", args.subject_prefix)) if v})
+
+
+def _as_dict(event: RecordedEvent) -> dict[str, Any]:
+    try:
+        data: Any = json.loads(event.payload)
+    except ValueError:
+        data = event.payload.decode("utf-8", "replace")
+    return {
+        "position": event.position, "index": event.index, "stream": str(event.stream_id), "version": event.version,
+        "type": event.type, "schema_version": event.schema_version, "event_id": event.event_id,
+        "recorded_at": event.recorded_at_text, "correlation_id": event.correlation_id,
+        "causation_id": event.causation_id, "data": data,
+    }
+
+
+def _show(event: RecordedEvent, as_json: bool) -> None:
+    entry = _as_dict(event)
+    if as_json:
+        print(json.dumps(entry), flush=True)
+        return
+    print(f"#{event.position}.{event.index}  {event.stream_id}  v{event.version}  {event.type}"
+          f"  {event.recorded_at_text}")
+    print("  " + json.dumps(entry["data"], indent=2).replace("\n", "\n  "), flush=True)
+
+
+def events_main(argv: Sequence[str] | None = None) -> int:
+    """``jetsourcing events tail``; returns the exit code."""
+    parser = argparse.ArgumentParser(
+        prog="jetsourcing events", description="Look at the stream's events.",
+        epilog="examples: jetsourcing events tail | jetsourcing events tail --category Account -n 500 --no-follow",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    tail = commands.add_parser("tail", help="the last positions' events, then follow live")
+    tail.add_argument("--category", action="append", help="only this category (repeat for more)")
+    tail.add_argument("--entity", help="only this entity id (give exactly one --category)")
+    tail.add_argument("-n", "--positions", type=int, default=10,
+                      help="start this many stream positions back from the end (default 10)")
+    tail.add_argument("--from-position", type=int, help="start at this stream position instead")
+    tail.add_argument("--no-follow", action="store_true", help="stop at the stream's end instead of following")
+    _connection_options(tail)
+    args = parser.parse_args(argv)
+    if args.entity is not None and (not args.category or len(args.category) != 1):
+        raise InvalidArgumentError("--entity needs exactly one --category: an entity id is unique within a category.")
+    if args.positions < 0 or (args.from_position is not None and args.from_position < 1):
+        raise InvalidArgumentError("-n must be 0 or more and --from-position 1 or more.")
+    return asyncio.run(_tail(args))
+
+
+async def _tail(args: argparse.Namespace) -> int:
+    async with EventStore.connect(_settings(args)) as store:
+        start = args.from_position or max(1, await store.last_position() - args.positions + 1)
+        reading = (store.read_all(from_position=start, categories=args.category) if args.no_follow
+                   else store.subscribe(from_position=start, categories=args.category))
+        async for batch in reading:
+            for event in batch:
+                if args.entity is None or event.stream_id.entity_id == args.entity:
+                    _show(event, args.json)
+    return 0
+
+
+def entity_main(argv: Sequence[str] | None = None) -> int:
+    """``jetsourcing entity show``; returns the exit code."""
+    parser = argparse.ArgumentParser(
+        prog="jetsourcing entity", description="Look at one entity's events.",
+        epilog="example: jetsourcing entity show Account alice",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    show = commands.add_parser("show", help="the entity's history, with versions and positions")
+    show.add_argument("category")
+    show.add_argument("entity_id", metavar="id")
+    _connection_options(show)
+    args = parser.parse_args(argv)
+    return asyncio.run(_entity(args))
+
+
+async def _entity(args: argparse.Namespace) -> int:
+    stream_id = StreamId(args.category, args.entity_id)
+    async with EventStore.connect(_settings(args)) as store:
+        events = await store.read(stream_id, consistent=True)
+    if not events:
+        print(f"jetsourcing: {stream_id} has no events in stream {store.settings.stream!r}.", file=sys.stderr)
+        return 1
+    if not args.json:
+        print(f"{stream_id}: {len(events)} events, version {events[-1].version}, last position {events[-1].position}")
+    for event in events:
+        _show(event, args.json)
+    return 0

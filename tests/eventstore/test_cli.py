@@ -1,0 +1,106 @@
+"""``jetsourcing events tail`` and ``jetsourcing entity show`` against a real server, in subprocesses."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from eventstore import EventStore, StreamId
+
+from .events import Deposited, Note, Opened
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def command(store: EventStore, *args: str) -> list[str]:
+    return [sys.executable, "-m", "projections.cli", *args, "--nats-url", store.settings.nats_url or "",
+            "--stream", store.settings.stream, "--subject-prefix", store.settings.subject_prefix]
+
+
+async def run(store: EventStore, *args: str) -> tuple[int, str, str]:
+    process = await asyncio.create_subprocess_exec(
+        *command(store, *args), env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    async with asyncio.timeout(30):
+        out, err = await process.communicate()
+    return process.returncode or 0, out.decode(), err.decode()
+
+
+async def history(store: EventStore) -> None:
+    await store.append(StreamId("Account", "alice"), [Opened(owner="Alice ü")])
+    await store.append(StreamId("Account", "bob"), [Opened(owner="Bob")])
+    await store.append(StreamId("Account", "alice"), [Deposited(amount=5), Deposited(amount=7)])
+    await store.append(StreamId("Memo", "m1"), [Note(text="line one\nline two")])
+
+
+async def test_entity_show_prints_the_history_with_versions(store: EventStore) -> None:
+    await history(store)
+    code, out, err = await run(store, "entity", "show", "Account", "alice", "--json")
+    assert code == 0, err
+    events = [json.loads(line) for line in out.splitlines()]
+    assert [(e["version"], e["type"], e["data"]) for e in events] == [
+        (1, "Opened", {"owner": "Alice ü"}), (2, "Deposited", {"amount": 5}), (3, "Deposited", {"amount": 7}),
+    ]
+    assert events[1]["position"] == events[2]["position"] and (events[1]["index"], events[2]["index"]) == (0, 1)
+    code, out, _ = await run(store, "entity", "show", "Account", "alice")
+    assert code == 0 and out.startswith("Account/alice: 3 events, version 3") and '"amount": 7' in out
+
+
+async def test_entity_show_of_nothing_and_of_a_bad_category_are_one_line(store: EventStore) -> None:
+    code, out, err = await run(store, "entity", "show", "Account", "nobody")
+    assert (code, out) == (1, "") and err.strip().splitlines() == [
+        f"jetsourcing: Account/nobody has no events in stream {store.settings.stream!r}."
+    ]
+    code, _, err = await run(store, "entity", "show", "no spaces allowed", "x")
+    assert code == 1 and len(err.splitlines()) == 1 and err.startswith("jetsourcing: Invalid category"), err
+
+
+async def test_events_tail_filters_by_category_and_entity(store: EventStore) -> None:
+    await history(store)
+    code, out, err = await run(store, "events", "tail", "--no-follow", "-n", "100", "--json")
+    assert code == 0, err
+    assert [json.loads(line)["stream"] for line in out.splitlines()] == [
+        "Account/alice", "Account/bob", "Account/alice", "Account/alice", "Memo/m1",
+    ]
+    code, out, _ = await run(store, "events", "tail", "--no-follow", "--category", "Account", "--entity", "bob",
+                             "--json")
+    assert [json.loads(line)["data"] for line in out.splitlines()] == [{"owner": "Bob"}]
+    code, out, _ = await run(store, "events", "tail", "--no-follow", "-n", "1")  # the last position only
+    assert out.startswith("#4.0  Memo/m1  v1  Note") and '"text": "line one\\nline two"' in out, out
+    code, _, err = await run(store, "events", "tail", "--entity", "bob")
+    assert code == 1 and err.startswith("jetsourcing: --entity needs exactly one --category"), err
+
+
+async def test_events_tail_follows_live_until_ctrl_c(store: EventStore) -> None:
+    await history(store)
+    process = await asyncio.create_subprocess_exec(
+        *command(store, "events", "tail", "-n", "0", "--category", "Memo", "--json"),
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        await asyncio.sleep(1.5)  # the tail is following from the end
+        await store.append(StreamId("Memo", "m2"), [Note(text="live")])
+        assert process.stdout is not None
+        async with asyncio.timeout(15):
+            line = await process.stdout.readline()
+        assert json.loads(line)["data"] == {"text": "live"}
+        process.send_signal(signal.SIGINT)
+        async with asyncio.timeout(10):
+            assert await process.wait() == 130
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+@pytest.mark.parametrize("bad", [["-n", "-1"], ["--from-position", "0"], ["--positions", "x"]])
+async def test_events_tail_refuses_bad_positions(store: EventStore, bad: list[str]) -> None:
+    code, _, err = await run(store, "events", "tail", "--no-follow", *bad)
+    assert code in (1, 2) and err.strip(), err
