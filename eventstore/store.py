@@ -500,16 +500,53 @@ class EventStore:
         return DurableConsumer(self.nc, self._inbox, stream or self.settings.stream, name,
                                api_timeout_s=self.settings.request_timeout_s)
 
+    async def consumers(self, *, stream: str | None = None) -> list[dict[str, Any]]:
+        """Every consumer of ``stream`` (default: the event stream) as JetStream describes it: ``name``,
+        ``config`` (with its ``metadata``), ``num_pending``, ``num_ack_pending``, ``num_redelivered``, ... A
+        stream that does not exist raises :class:`StreamConfigError`."""
+        name = self._stream_name(stream)
+        found: list[dict[str, Any]] = []
+        while True:
+            page = await self._inbox.api(
+                Subjects(name).consumer_list(), json.dumps({"offset": len(found)}).encode(),
+                self.settings.request_timeout_s, what=f"Listing the consumers of stream {name!r}",
+            )
+            if page.get("error"):
+                raise StreamConfigError(f"Cannot list the consumers of stream {name!r}: {page['error'].get('description')}.")
+            found += page.get("consumers") or []
+            if not page.get("consumers") or len(found) >= int(page.get("total") or 0):
+                return found
+
+    async def subject_counts(self, subjects_filter: str, *, stream: str | None = None) -> dict[str, int]:
+        """How many messages ``stream`` (default: the event stream) holds on each subject matching
+        ``subjects_filter`` (wildcards allowed), from stream info: no message is read. A stream that does
+        not exist raises :class:`StreamConfigError`."""
+        name = self._stream_name(stream)
+        if not isinstance(subjects_filter, str) or not subjects_filter or any(c in subjects_filter for c in " \t\r\n"):
+            raise InvalidArgumentError(f"subjects_filter must be a NATS subject (wildcards allowed), not {subjects_filter!r}.")
+        info = await self._inbox.api(
+            Subjects(name).stream_info(), json.dumps({"subjects_filter": subjects_filter}).encode(),
+            self.settings.request_timeout_s, what=f"Counting the messages of stream {name!r}",
+        )
+        if info.get("error"):
+            raise StreamConfigError(f"Cannot read stream {name!r}: {info['error'].get('description')}.")
+        return {k: int(v) for k, v in ((info.get("state") or {}).get("subjects") or {}).items()}
+
+    def _stream_name(self, stream: str | None) -> str:
+        if stream is None:
+            return self.settings.stream
+        if not isinstance(stream, str) or not stream or any(c in stream for c in " .*>\t\r\n"):
+            raise InvalidArgumentError(f"stream must be a JetStream stream name (no spaces, '.', '*' or '>'), not {stream!r}.")
+        return stream
+
     def read_messages(
         self, stream: str, *, to_position: int | None = None, filter_subjects: Sequence[str] = ()
     ) -> AsyncIterator[list[StoredMessage]]:
         """Every message of ``stream`` (another stream on this server: a dead-letter stream, say) matching
         ``filter_subjects``, in order, exactly once, in batches, up to ``to_position`` (default: the stream's
         last position at the start). A stream that does not exist raises :class:`StreamConfigError`."""
-        if not isinstance(stream, str) or not stream or any(c in stream for c in " .*>\t\r\n"):
-            raise InvalidArgumentError(f"stream must be a JetStream stream name (no spaces, '.', '*' or '>'), not {stream!r}.")
         check_optional_int("to_position", to_position, 0, what="a position")
-        return self._read_messages(stream, to_position, list(filter_subjects))
+        return self._read_messages(self._stream_name(stream), to_position, list(filter_subjects))
 
     async def _read_messages(
         self, stream: str, to_position: int | None, filter_subjects: list[str]

@@ -33,7 +33,7 @@ from .projection import ErrorPolicy, Projection, handles
 from .rebuild import RebuildResult, rebuild
 from .settings import ProjectionSettings
 from .sqlite import SqliteStore, SqliteTransaction
-from .status import ProjectionStatus, format_status, read_status
+from .status import ProjectionStatus, format_status, read_status, read_statuses
 from .store import DeadLetter, ReadModelStore
 from .tables import Table
 from .transaction import MemoryStore, Transaction, fold
@@ -50,8 +50,11 @@ from .reactors import (
     ReactorHandler,
     ReactorStart,
     ReactorStats,
+    ReactorStatus,
     ReactorWorker,
+    format_reactor_status,
     read_reactor_dead_letters,
+    read_reactor_status,
     run_reactor,
 )
 
@@ -84,6 +87,7 @@ __all__ = [
     "ReactorHandler",
     "ReactorStart",
     "ReactorStats",
+    "ReactorStatus",
     "ReactorWorker",
     "ReadModelMismatchError",
     "ReadModelStore",
@@ -96,12 +100,15 @@ __all__ = [
     "Table",
     "Transaction",
     "fold",
+    "format_reactor_status",
     "format_status",
     "handles",
     "load_projection",
     "progress_for",
     "read_reactor_dead_letters",
+    "read_reactor_status",
     "read_status",
+    "read_statuses",
     "rebuild",
     "run_daemon",
     "run_reactor",

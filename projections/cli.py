@@ -49,7 +49,9 @@ from .progress import progress_for
 from .projection import ErrorPolicy, Projection
 from .rebuild import RebuildResult, rebuild
 from .settings import ProjectionSettings
-from .status import format_status, read_status
+from .reactors import format_reactor_status
+from .status import format_status, read_statuses
+from .watch import watch_status
 
 __all__ = ["main"]
 
@@ -90,6 +92,8 @@ def _parser() -> argparse.ArgumentParser:
 
     status = commands.add_parser("status", parents=[common], help="checkpoints, lag and state of every projection")
     status.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    status.add_argument("--watch", nargs="?", const=2.0, type=float, metavar="SECONDS",
+                        help="a live table, refreshed every SECONDS (default 2) until Ctrl-C")
     return parser
 
 
@@ -195,11 +199,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"jetsourcing: no read-model database at {settings.database} (set --db or JETSOURCING_DATABASE).",
                   file=sys.stderr)
             return 1
-        statuses = asyncio.run(read_status(settings))
+        if args.watch is not None:
+            return asyncio.run(watch_status(settings, args.watch))
+        statuses, reactors = asyncio.run(read_statuses(settings))
         if args.json:
-            print(json.dumps([s.as_dict() for s in statuses], indent=2))
+            print(json.dumps({"projections": [s.as_dict() for s in statuses],
+                              "reactors": None if reactors is None else [r.as_dict() for r in reactors]}, indent=2))
         else:
             print(format_status(statuses))
+            if reactors:
+                print("\n" + format_reactor_status(reactors))
         return 0
     except ProjectionLoadError as exc:
         return _fail(args, exc, 2)

@@ -24,11 +24,13 @@ from typing import Any
 from eventstore import EventStore, EventStoreError
 
 from .connection import connect_event_store
+from .errors import ProjectionError
+from .reactors.status import ReactorStatus, read_reactor_status
 from .settings import ProjectionSettings
 from .sqlite import SqliteStore
 from .store import GenerationState, ReadModelStore, RunState, StoredStatus
 
-__all__ = ["ProjectionStatus", "RebuildStatus", "format_status", "read_status"]
+__all__ = ["ProjectionStatus", "RebuildStatus", "format_status", "read_status", "read_statuses"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +106,22 @@ async def read_status(
     finally:
         if own_es and es is not None:
             await es.close()
+
+
+async def read_statuses(settings: ProjectionSettings) -> tuple[list[ProjectionStatus], list[ReactorStatus] | None]:
+    """The projections' status and the reactors' (None when the server cannot be asked): ``jetsourcing status``."""
+    try:
+        es = await connect_event_store(settings)
+    except (ProjectionError, EventStoreError):
+        return await read_status(settings), None  # what the read-model store alone knows
+    try:
+        try:
+            reactors: list[ReactorStatus] | None = await read_reactor_status(es)
+        except EventStoreError:
+            reactors = None
+        return await read_status(settings, event_store=es), reactors
+    finally:
+        await es.close()
 
 
 async def _status(s: StoredStatus, settings: ProjectionSettings, es: EventStore | None, last: int | None) -> ProjectionStatus:

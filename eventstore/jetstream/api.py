@@ -77,6 +77,10 @@ class Subjects:
     def consumer_info(self, name: str) -> str:
         return f"{self.prefix}.CONSUMER.INFO.{self.stream}.{name}"
 
+    def consumer_list(self) -> str:
+        """The stream's consumers with their state, a page (``offset``) at a time."""
+        return f"{self.prefix}.CONSUMER.LIST.{self.stream}"
+
     def consumer_delete(self, name: str) -> str:
         return f"{self.prefix}.CONSUMER.DELETE.{self.stream}.{name}"
 

@@ -1,10 +1,12 @@
 """Reactors: event handlers with side effects, run by workers on a durable consumer (see :mod:`.worker`).
 
 :mod:`.worker` holds the definition (:class:`Reactor`) and the worker,
-:mod:`.dead_letters` the dead-letter stream, :mod:`.errors` the reactors' errors.
+:mod:`.dead_letters` the dead-letter stream, :mod:`.status` what ``jetsourcing status`` shows of them,
+:mod:`.errors` the reactors' errors.
 """
 
 from .dead_letters import DeadLetterReason, ReactorDeadLetter, read_reactor_dead_letters
+from .status import ReactorStatus, format_reactor_status, read_reactor_status
 from .errors import DeadLetterStreamError, PoisonEvent, ReactorConfigError, ReactorConsumerError, ReactorError
 from .worker import Reactor, ReactorHandler, ReactorStart, ReactorStats, ReactorWorker, run_reactor
 
@@ -20,7 +22,10 @@ __all__ = [
     "ReactorHandler",
     "ReactorStart",
     "ReactorStats",
+    "ReactorStatus",
     "ReactorWorker",
+    "format_reactor_status",
     "read_reactor_dead_letters",
+    "read_reactor_status",
     "run_reactor",
 ]

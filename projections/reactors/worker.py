@@ -70,6 +70,7 @@ from eventstore import Backoff, EventStore, EventStoreError, Header, RecordedEve
 from eventstore.streams import validate_category
 
 from ..metrics import REACTOR_DEAD_LETTERS, REACTOR_DELIVERIES, REACTOR_REDELIVERIES
+from .status import REACTOR_METADATA
 from .dead_letters import DeadLetterReason, ensure_dead_letter_stream, publish_dead_letter
 from .errors import DeadLetterStreamError, PoisonEvent, ReactorConfigError, ReactorConsumerError, ReactorError
 
@@ -242,6 +243,7 @@ class Reactor:
             "max_deliver": self.max_deliver,
             "max_ack_pending": self.max_ack_pending,
             "replay_policy": "instant",
+            "metadata": {REACTOR_METADATA: self.name},
             **self.start.consumer_fields(),
         }
         filters = store.filter_subjects(self.categories)
@@ -432,7 +434,10 @@ class ReactorWorker:
             merged["filter_subject"] = wanted_filters[0]
         else:
             merged["filter_subjects"] = wanted_filters
-        if all(have.get(k) == merged[k] for k in _EDITABLE) and sorted(have_filters) == sorted(wanted_filters):
+        # The server adds metadata of its own (``_nats.*``): keep it, and mark the consumer as this reactor's.
+        merged["metadata"] = {**(have.get("metadata") or {}), REACTOR_METADATA: name}
+        marked = (have.get("metadata") or {}).get(REACTOR_METADATA) == name
+        if marked and all(have.get(k) == merged[k] for k in _EDITABLE) and sorted(have_filters) == sorted(wanted_filters):
             return
         updated = await self._consumer.update(merged)
         if updated.error is not None:

@@ -11,8 +11,17 @@ import subprocess
 import time
 from pathlib import Path
 
-from eventstore import EventStore, StreamId
-from projections import Daemon, ErrorPolicy, Outcome, ProjectionSettings, SqliteStore, read_status
+from eventstore import EventStore, RecordedEvent, StreamId
+from projections import (
+    Daemon,
+    ErrorPolicy,
+    Outcome,
+    ProjectionSettings,
+    Reactor,
+    SqliteStore,
+    read_status,
+    run_reactor,
+)
 
 from projection_examples import (
     ACCOUNT,
@@ -25,7 +34,7 @@ from projection_examples import (
     append_workload,
     workload,
 )
-from projection_helpers import burst, checkpoint, cli, cli_env, dump, memory_fold, spawn, wait_until
+from projection_helpers import ROOT, burst, checkpoint, cli, cli_env, dump, memory_fold, spawn, wait_until
 
 
 async def test_live_following_applies_each_append_within_milliseconds(
@@ -169,7 +178,9 @@ async def test_status_cli_reports_checkpoint_lag_and_state(es: EventStore, psett
     as_json = await asyncio.to_thread(
         subprocess.run, cli("status", "--json"), env=env, cwd=root, capture_output=True, text=True, timeout=30
     )
-    statuses = {s["projection"]: s for s in json.loads(as_json.stdout)}
+    answer = json.loads(as_json.stdout)
+    assert answer["reactors"] == []  # the server was asked: this stream has no reactors
+    statuses = {s["projection"]: s for s in answer["projections"]}
     last = await es.last_position()
     for name in ("account_balances", "movements"):
         assert statuses[name]["last_position"] == last
@@ -214,3 +225,29 @@ async def test_second_daemon_waits_and_takes_over_when_the_first_dies(
         for log in logs:
             log.close()
     assert dump(psettings, "account_balances") == await memory_fold(AccountBalances(), es)
+
+
+async def test_status_watch_shows_projections_and_reactors_live_until_ctrl_c(
+    es: EventStore, psettings: ProjectionSettings
+) -> None:
+    await append_workload(es, workload(200, accounts=20))
+    await burst([AccountBalances()], psettings, es)
+
+    async def ignore(event: RecordedEvent) -> None:
+        pass
+
+    await asyncio.wait_for(run_reactor(es, Reactor("mailer", handler=ignore), until_idle=True), 15)
+    text = await asyncio.to_thread(
+        subprocess.run, cli("status"), env=cli_env(psettings), cwd=ROOT, capture_output=True, text=True, timeout=30
+    )
+    assert text.returncode == 0, text.stderr
+    reactor_lines = text.stdout[text.stdout.index("\nreactor"):].split("\n")
+    assert reactor_lines[2].split() == ["mailer", "0", "0", "0", "0"], text.stdout
+    proc = subprocess.Popen(cli("status", "--watch", "0.2"), env={**cli_env(psettings), "COLUMNS": "100"}, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    await asyncio.sleep(3)
+    proc.send_signal(signal.SIGINT)
+    out, err = await asyncio.to_thread(proc.communicate, timeout=15)
+    assert proc.returncode == 130, err.decode()
+    screen = out.decode()
+    assert "account_balances" in screen and "mailer" in screen and "Ctrl-C ends" in screen, screen

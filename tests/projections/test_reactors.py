@@ -28,8 +28,11 @@ from projections import (
     ReactorHandler,
     ReactorStart,
     ReactorStats,
+    ReactorStatus,
     ReactorWorker,
+    format_reactor_status,
     read_reactor_dead_letters,
+    read_reactor_status,
     run_reactor,
 )
 
@@ -184,6 +187,11 @@ async def test_failing_and_poison_events_land_in_the_dead_letter_stream_with_the
     before = reactor_metrics("shipper")
     stats = await asyncio.wait_for(run_reactor(store, reactor, until_idle=True, concurrency=4), 15)
     assert reactor_metrics("shipper")["dead_letters"] - before["dead_letters"] == 2
+    [status] = await read_reactor_status(store)
+    assert status == ReactorStatus("shipper", pending=0, ack_pending=0, redelivered=0, dead_letters=2)
+    table = format_reactor_status([status]).splitlines()
+    assert table[0].split() == ["reactor", "pending", "in", "flight", "redelivered", "dead", "letters"]
+    assert table[1].split() == ["shipper", "0", "0", "0", "2"]
 
     assert sorted(handled) == [0, 1, 3, 5], "failing events do not hold the others up"
     assert attempts[2] == 3 and attempts[4] == 1
@@ -377,6 +385,22 @@ async def test_a_long_handler_keeps_its_event_with_heartbeats_and_stop_finishes_
 
 
 # -- start positions ------------------------------------------------------------------
+
+
+async def test_a_consumer_created_without_the_reactor_mark_gets_it_and_shows_in_status(store: EventStore) -> None:
+    await append_numbered(store, range(3))
+    async def ignore(event: RecordedEvent) -> None:
+        pass
+
+    reactor = Reactor("older", handler=ignore)
+    config = reactor.consumer_config(store)
+    del config["metadata"]  # as a release before the mark created it
+    created = await store.durable_consumer("older").create(config)
+    assert created.error is None, created.description
+    assert await read_reactor_status(store) == []
+    stats = await asyncio.wait_for(run_reactor(store, reactor, until_idle=True), 15)
+    assert stats.handled == 3
+    assert await read_reactor_status(store) == [ReactorStatus("older", 0, 0, 0, 0)]
 
 
 async def test_start_positions_all_new_from_position_and_from_time(store: EventStore) -> None:
