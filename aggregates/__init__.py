@@ -5,7 +5,8 @@ then ``aggregate.py`` (:class:`Aggregate`, ``@applies``), ``repository.py``
 (loading, saving, :meth:`Repository.execute`), ``commands.py`` (retries and
 results), ``snapshots.py``, ``upcasting.py`` and ``errors.py``. Commands over
 NATS: ``service.py`` (:class:`CommandService`), ``client.py``
-(:class:`CommandClient`) and their wire format, ``command_messages.py``.
+(:class:`CommandClient`) and their wire format, ``command_messages.py``. The
+application object: ``application.py``; given/when/then tests: ``testing.py``.
 
 Example::
 
@@ -33,6 +34,7 @@ Example::
 """
 
 from .aggregate import Aggregate, applies
+from .application import Application, new_id
 from .client import CommandClient, CommandReply
 from .commands import CommandResult, RetryPolicy
 from .errors import (
@@ -53,11 +55,13 @@ from .errors import (
 )
 from .events import DomainEvent, register_events
 from .repository import Repository
+from .testing import Scenario, scenario
 from .service import CommandService
 from .upcasting import upcaster
 
 __all__ = [
     "Aggregate",
+    "Application",
     "AggregateDefinitionError",
     "AggregateError",
     "AggregateNotFoundError",
@@ -78,8 +82,11 @@ __all__ = [
     "MissingHandlerError",
     "Repository",
     "RetryPolicy",
+    "Scenario",
     "UnregisteredEventError",
     "applies",
+    "new_id",
     "register_events",
+    "scenario",
     "upcaster",
 ]

@@ -19,6 +19,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Generic, TypeVar, cast, overload
+from uuid import UUID
 
 from eventstore import (
     NO_STREAM,
@@ -111,7 +112,7 @@ class Repository(Generic[A]):
 
     # -- loading --------------------------------------------------------------
 
-    async def get(self, aggregate_id: str, *, version: int | None = None) -> A:
+    async def get(self, aggregate_id: str | UUID, *, version: int | None = None) -> A:
         """The aggregate with all its stored events applied, or as it was after event ``version``.
 
         Raises :class:`AggregateNotFoundError` when it has no events (or fewer
@@ -119,8 +120,10 @@ class Repository(Generic[A]):
         cannot name a stream; ``version`` must be None or an int >= 1 (versions
         count events from 1), else :class:`~eventstore.InvalidArgumentError`.
         The returned object is yours: changing it changes nothing stored until
-        you save it.
+        you save it. An id is a ``str`` or a :class:`uuid.UUID` (stored as its
+        canonical text, so both name the same aggregate).
         """
+        aggregate_id = str(aggregate_id) if isinstance(aggregate_id, UUID) else aggregate_id
         self.aggregate_type._stream_id(aggregate_id)
         if version is not None:
             return await self._load_at(aggregate_id, check_int("version", version, 1))
@@ -278,7 +281,7 @@ class Repository(Generic[A]):
     @overload
     async def execute(  # a coroutine function: its result is awaited
         self,
-        aggregate_id: str,
+        aggregate_id: str | UUID,
         command: Callable[[A], Awaitable[R]],
         *,
         create: bool = False,
@@ -290,7 +293,7 @@ class Repository(Generic[A]):
     @overload
     async def execute(
         self,
-        aggregate_id: str,
+        aggregate_id: str | UUID,
         command: Callable[[A], R],
         *,
         create: bool = False,
@@ -301,7 +304,7 @@ class Repository(Generic[A]):
 
     async def execute(
         self,
-        aggregate_id: str,
+        aggregate_id: str | UUID,
         command: Callable[[A], Any],
         *,
         create: bool = False,
@@ -333,12 +336,14 @@ class Repository(Generic[A]):
           ``causation_id`` defaults to ``command_id`` when a header can carry
           it unchanged (see :func:`eventstore.wire.check_metadata`).
 
+        ``aggregate_id`` is a ``str`` or a :class:`uuid.UUID`, as for :meth:`get`.
         ``command`` may be a plain function or a coroutine function; its
         return value is returned as ``value``. Arguments are checked before
         anything is loaded: an id that cannot name a stream raises
         :class:`InvalidAggregateIdError`; a ``command`` that is not callable or
         a ``create`` that is not a bool raises :class:`~eventstore.InvalidArgumentError`.
         """
+        aggregate_id = str(aggregate_id) if isinstance(aggregate_id, UUID) else aggregate_id
         if not isinstance(aggregate_id, str):  # the cache lookup below must not meet an unhashable id
             self.aggregate_type._stream_id(aggregate_id)
         if not callable(command):

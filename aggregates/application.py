@@ -1,0 +1,141 @@
+"""An application: the event store, a repository per aggregate class, and your command methods, in one object.
+
+The dog school, whole::
+
+    class Registered(DomainEvent):
+        name: str
+
+    class TrickAdded(DomainEvent):
+        trick: str
+
+    class DogState(BaseModel):
+        name: str = ""
+        tricks: list[str] = []
+
+    class Dog(Aggregate[DogState]):
+        def register(self, name: str) -> None:
+            self.record(Registered(name=name))
+
+        def add_trick(self, trick: str) -> None:
+            self.record(TrickAdded(trick=trick))
+
+        @applies(Registered)
+        def _registered(self, event: Registered) -> None:
+            self.state.name = event.name
+
+        @applies(TrickAdded)
+        def _trick_added(self, event: TrickAdded) -> None:
+            self.state.tricks.append(event.trick)
+
+    class DogSchool(Application):
+        async def register_dog(self, name: str) -> str:
+            dog_id = new_id()
+            await self.repository(Dog).execute(dog_id, lambda dog: dog.register(name), create=True)
+            return dog_id
+
+        async def add_trick(self, dog_id: str, trick: str) -> None:
+            await self.repository(Dog).execute(dog_id, lambda dog: dog.add_trick(trick))
+
+    async with DogSchool.connect() as school:         # settings from NATS_URL, JETSOURCING_STREAM, ...
+        fido = await school.register_dog("Fido")
+        await school.add_trick(fido, "roll over")
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Generator
+from types import TracebackType
+from typing import Any, Generic, TypeVar
+
+from eventstore import EventStore, EventStoreSettings, InvalidArgumentError
+
+from .aggregate import Aggregate
+from .repository import Repository
+from .service import CommandService
+
+__all__ = ["Application", "new_id"]
+
+A = TypeVar("A", bound=Aggregate[Any])
+App = TypeVar("App", bound="Application")
+
+
+def new_id() -> str:
+    """A new aggregate id: a random UUID (version 4), as text."""
+    return str(uuid.uuid4())
+
+
+class Application:
+    """Owns an :class:`~eventstore.EventStore` (and so its type registry) and one repository per aggregate class.
+
+    Subclass it and add your command methods; build it around a connected
+    store, or with :meth:`connect`, which also closes the store on exit.
+    ``repository_options`` (``cache_size``, ``snapshot_every``, ``retry``, ...)
+    apply to every repository it makes; :meth:`repository` takes its own.
+    """
+
+    def __init__(self, store: EventStore, **repository_options: Any) -> None:
+        if not isinstance(store, EventStore):
+            raise InvalidArgumentError(f"An Application needs a connected EventStore, not {store!r:.80}.")
+        self.store = store
+        self._options = repository_options
+        self._repositories: dict[type[Aggregate[Any]], Repository[Any]] = {}
+        self._owns_store = False
+
+    @classmethod
+    def connect(cls: type[App], settings: EventStoreSettings | None = None, **repository_options: Any) -> _Connecting[App]:
+        """Connect an event store (``settings``, else the environment) and build the application around it.
+
+        Await it, or use it as an async context manager that closes the store.
+        """
+        return _Connecting(cls, settings, repository_options)
+
+    def repository(self, aggregate_type: type[A], **options: Any) -> Repository[A]:
+        """The repository of ``aggregate_type``, made on first use (its event types registered in the store)."""
+        repository = self._repositories.get(aggregate_type)
+        if repository is None:
+            if not (isinstance(aggregate_type, type) and issubclass(aggregate_type, Aggregate)):
+                raise InvalidArgumentError(f"repository() takes an Aggregate class, not {aggregate_type!r:.80}.")
+            repository = Repository(self.store, aggregate_type, **{**self._options, **options})
+            self._repositories[aggregate_type] = repository
+        elif options:
+            raise InvalidArgumentError(
+                f"The repository of {aggregate_type.__name__} exists already; give its options on first use."
+            )
+        return repository
+
+    def command_service(self, **options: Any) -> CommandService:
+        """A :class:`CommandService` on this application's store (``options`` go to it); add the commands."""
+        return CommandService(self.store, **options)
+
+    async def close(self) -> None:
+        """Close the event store, if :meth:`connect` opened it."""
+        if self._owns_store:
+            await self.store.close()
+
+
+class _Connecting(Generic[App]):
+    """What :meth:`Application.connect` returns: await it, or use it as an async context manager."""
+
+    def __init__(self, cls: type[App], settings: EventStoreSettings | None, options: dict[str, Any]) -> None:
+        self._cls, self._settings, self._options = cls, settings, options
+        self._app: App | None = None
+
+    async def _open(self) -> App:
+        store = await EventStore.connect(self._settings or EventStoreSettings())
+        app = self._cls(store, **self._options)
+        app._owns_store = True
+        return app
+
+    def __await__(self) -> Generator[Any, None, App]:
+        return self._open().__await__()
+
+    async def __aenter__(self) -> App:
+        self._app = await self._open()
+        return self._app
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._app is not None:
+            await self._app.close()
