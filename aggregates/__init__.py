@@ -61,10 +61,10 @@ from .upcasting import upcaster
 
 __all__ = [
     "Aggregate",
-    "Application",
     "AggregateDefinitionError",
     "AggregateError",
     "AggregateNotFoundError",
+    "Application",
     "CommandClient",
     "CommandConflictError",
     "CommandError",
