@@ -72,7 +72,11 @@ def events_main(argv: Sequence[str] | None = None) -> int:
         epilog="examples: jetsourcing events tail | jetsourcing events tail --category Account -n 500 --no-follow",
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    tail = commands.add_parser("tail", help="the last positions' events, then follow live")
+    tail = commands.add_parser(
+        "tail", help="the last positions' events, then follow live",
+        epilog="examples: jetsourcing events tail -n 100 | jetsourcing events tail --category Account --entity alice "
+        "--json | jetsourcing events tail --from-position 1 --no-follow",
+    )
     tail.add_argument("--category", action="append", help="only this category (repeat for more)")
     tail.add_argument("--entity", help="only this entity id (give exactly one --category)")
     tail.add_argument("-n", "--positions", type=int, default=10,
@@ -107,7 +111,10 @@ def entity_main(argv: Sequence[str] | None = None) -> int:
         epilog="example: jetsourcing entity show Account alice",
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    show = commands.add_parser("show", help="the entity's history, with versions and positions")
+    show = commands.add_parser(
+        "show", help="the entity's history, with versions and positions",
+        epilog="examples: jetsourcing entity show Account alice | jetsourcing entity show Account alice --json",
+    )
     show.add_argument("category")
     show.add_argument("entity_id", metavar="id")
     _connection_options(show)

@@ -75,7 +75,11 @@ def _parser() -> argparse.ArgumentParser:
     for name in _plugins():  # listed for --help; run by main before parsing
         commands.add_parser(name, add_help=False, help=f"(see jetsourcing {name} --help)")
 
-    run = commands.add_parser("run", parents=[common], help="catch up, then keep the read models up to date")
+    run = commands.add_parser(
+        "run", parents=[common], help="catch up, then keep the read models up to date",
+        epilog="examples: jetsourcing run myapp.views:Balances myapp.views:Orders --db views.sqlite3 | "
+        "jetsourcing run myapp.views:Balances --until-caught-up --log-format json --metrics-port 9100",
+    )
     run.add_argument("projections", nargs="+", metavar="module:Class")
     run.add_argument("--until-caught-up", action="store_true",
                      help="burst mode: catch up to the stream's last position at start, then exit")
@@ -83,14 +87,20 @@ def _parser() -> argparse.ArgumentParser:
                      help="override every projection's error policy")
     run.add_argument("--batch-size", type=int, help="events per batch (JETSOURCING_BATCH_SIZE)")
 
-    reb = commands.add_parser("rebuild", parents=[common], help="replay into a shadow copy and switch readers to it")
+    reb = commands.add_parser(
+        "rebuild", parents=[common], help="replay into a shadow copy and switch readers to it",
+        epilog="examples: jetsourcing rebuild myapp.views:Balances | jetsourcing rebuild myapp.views:Balances --resume",
+    )
     reb.add_argument("projection", metavar="module:Class")
     reb.add_argument("--batch-size", type=int, help="events per batch (JETSOURCING_REBUILD_BATCH_SIZE)")
     reb.add_argument("--error-policy", choices=[p.value for p in ErrorPolicy])
     reb.add_argument("--resume", action="store_true",
                      help="go on with the shadow an interrupted rebuild of this version kept (default: start over)")
 
-    status = commands.add_parser("status", parents=[common], help="checkpoints, lag and state of every projection")
+    status = commands.add_parser(
+        "status", parents=[common], help="checkpoints, lag and state of every projection, and the reactors",
+        epilog="examples: jetsourcing status | jetsourcing status --json | jetsourcing status --watch 1",
+    )
     status.add_argument("--json", action="store_true", help="print JSON instead of a table")
     status.add_argument("--watch", nargs="?", const=2.0, type=float, metavar="SECONDS",
                         help="a live table, refreshed every SECONDS (default 2) until Ctrl-C")

@@ -47,9 +47,12 @@ def main(argv: Sequence[str] | None = None, *, spark: SparkSession | None = None
         "jetsourcing spark rebuild myapp.views:AccountBalances --root /lake/accounts"
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("check", help="start Spark with Delta and do a Delta round trip")
+    commands.add_parser("check", help="start Spark with Delta and do a Delta round trip",
+                        epilog="example: jetsourcing spark check")
     fetch = commands.add_parser(
-        "fetch-delta-jars", help="download the Delta jars into a folder for offline use"
+        "fetch-delta-jars", help="download the Delta jars into a folder for offline use",
+        epilog="example: jetsourcing spark fetch-delta-jars /opt/delta-jars, then "
+        "JETSOURCING_SPARK_DELTA_JARS_DIR=/opt/delta-jars on the offline machine",
     )
     fetch.add_argument("dest", type=Path, help="folder to copy the jars into (created)")
     fetch.add_argument("--delta-version", help="Delta version to resolve (default: settings)")
@@ -85,7 +88,10 @@ def add_commands(commands: Any) -> None:
         ("rebuild", "compute a projection's tables from the whole history into Delta (one commit per table)"),
         ("update", "merge the events after the tables' recorded position into Delta (rebuilds if needed)"),
     ):
-        command = commands.add_parser(name, help=help_text)
+        command = commands.add_parser(
+            name, help=help_text,
+            epilog=f"example: jetsourcing spark {name} myapp.views:AccountBalances --root /lake/accounts --partitions 4",
+        )
         command.add_argument("projection", metavar="module:Projection")
         command.add_argument("--root", required=True, help="folder of the Delta tables (<root>/<table>)")
         command.add_argument("--nats-url", help="NATS server URL(s) (NATS_URL)")

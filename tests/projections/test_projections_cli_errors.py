@@ -45,11 +45,13 @@ COMMANDS = {
     "run": ("run", "projection_examples:AccountBalances"),
     "rebuild": ("rebuild", "projection_examples:AccountBalances"),
     "serve": ("serve", "samples.bank.commands:command_service"),
+    "events": ("events", "tail", "--no-follow"),
+    "entity": ("entity", "show", "Account", "alice"),
 }
 
 
 @pytest.mark.parametrize("server", ["refused", "silent", "info-then-silent"])
-@pytest.mark.parametrize("command", ["run-burst", "rebuild", "serve"])
+@pytest.mark.parametrize("command", ["run-burst", "rebuild", "serve", "events", "entity"])
 async def test_cli_reports_an_unusable_server_in_one_line(tmp_path: Path, server: str, command: str) -> None:
     greeting = INFO_LINE if server == "info-then-silent" else b""
     async with SilentServer(greeting) as silent:
@@ -78,3 +80,14 @@ async def test_spark_cli_reports_an_unusable_server_in_one_line_before_starting_
     assert code == 2, stderr  # the Spark CLI's code for an explained error
     assert len(stderr) == 1 and stderr[0].startswith("jetsourcing: Could not connect to NATS"), stderr
     assert elapsed < BOUND_S + 3, f"took {elapsed:.1f}s"  # + importing pyspark; Spark itself never starts
+
+
+@pytest.mark.parametrize("command", [(), ("run",), ("rebuild",), ("status",), ("serve",), ("events",), ("events", "tail"),
+                                     ("entity",), ("entity", "show"), ("spark",), ("spark", "check"),
+                                     ("spark", "fetch-delta-jars"), ("spark", "rebuild"), ("spark", "update")])
+def test_every_level_of_help_has_examples(command: tuple[str, ...]) -> None:
+    import subprocess
+
+    done = subprocess.run(cli(*command, "--help"), capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert "example" in done.stdout, done.stdout
