@@ -37,7 +37,14 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from pydantic import BaseModel, ValidationError
 
-from eventstore import ConcurrencyError, EventStore, EventStoreError, InvalidArgumentError, ServerUnavailableError
+from eventstore import (
+    ConcurrencyError,
+    EventStore,
+    EventStoreError,
+    InvalidArgumentError,
+    ServerUnavailableError,
+    stop_task,
+)
 
 from .aggregate import Aggregate
 from .command_messages import (
@@ -180,11 +187,12 @@ class CommandService:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.drain_timeout_s
         for sub in subs:
-            try:
-                # drain: unsubscribe, then run the callback on what was already delivered
-                await asyncio.wait_for(sub.drain(), max(0.01, deadline - loop.time()))  # type: ignore[no-untyped-call]
-            except Exception as exc:  # noqa: BLE001 - a closed connection: nothing more can arrive anyway
-                log.debug("draining %s: %r", sub.subject, exc)
+            # drain: unsubscribe, then run the callback on what was already delivered (bounded like every wait)
+            left = max(0.01, deadline - loop.time())
+            draining = asyncio.ensure_future(sub.drain())  # type: ignore[no-untyped-call]
+            await stop_task(draining, grace_s=left, timeout_s=left + 1.0)
+            if draining.done() and not draining.cancelled() and draining.exception() is not None:
+                log.debug("draining %s: %r", sub.subject, draining.exception())  # a closed connection: nothing arrives
         if self._running:
             _, late = await asyncio.wait(set(self._running), timeout=max(0.0, deadline - loop.time()))
             for task in late:
