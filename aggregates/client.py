@@ -120,6 +120,11 @@ class CommandClient:
         body = json.dumps({"aggregate_id": aggregate_id, "command": command.model_dump(mode="json")}).encode()
         try:
             reply = await self._nc.request(subject, body, timeout=timeout, headers=headers)
+        except nats.errors.MaxPayloadError as exc:
+            raise InvalidCommandError(
+                f"The command to {subject} is {len(body):,} bytes; the NATS server takes at most "
+                f"{self._nc.max_payload:,} per message. Send less in one command, or raise the server's max_payload."
+            ) from exc
         except nats.errors.NoRespondersError as exc:
             raise CommandUnavailableError(
                 f"No service serves {subject}: start one (CommandService) with this command, or check the subject "

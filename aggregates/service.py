@@ -42,6 +42,7 @@ from eventstore import (
     EventStore,
     EventStoreError,
     InvalidArgumentError,
+    InvalidEventError,
     ServerUnavailableError,
     stop_task,
 )
@@ -279,7 +280,7 @@ class CommandService:
             return _error("domain", str(exc), exc)
         except AggregateNotFoundError as exc:
             return _error("not_found", str(exc), exc)
-        except (InvalidAggregateIdError, InvalidArgumentError) as exc:
+        except (InvalidAggregateIdError, InvalidArgumentError, InvalidEventError) as exc:  # too large, say
             return _error("invalid", str(exc), exc)
         except ConcurrencyError as exc:
             return _error("conflict", f"{exc} The service gave up after {route.repository.retry.attempts} attempts.", exc)

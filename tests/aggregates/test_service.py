@@ -359,3 +359,16 @@ async def test_a_worker_killed_mid_command_loses_and_doubles_nothing_when_client
                 if worker.poll() is None:
                     worker.kill()
                     worker.wait()
+
+
+async def test_a_command_at_the_servers_size_limit(served: CommandService, client: CommandClient, store: EventStore) -> None:
+    class Big(BaseModel):
+        owner: str
+
+    limit = store.nc.max_payload
+    with pytest.raises(InvalidCommandError, match=f"at most {limit:,}"):
+        await client.send(Account, "big", Big(owner="x" * limit), name="Open")
+    # Just under the limit the request goes out; the event store refuses the commit it would make, in the reply.
+    with pytest.raises(InvalidCommandError, match="more than the server's max_payload"):
+        await client.send(Account, "big", Big(owner="x" * (limit - 200)), name="Open")
+    assert await store.read(StreamId("Account", "big")) == []
