@@ -371,16 +371,21 @@ def run_daemon(
     """Run a :class:`Daemon` in a new event loop, stopping cleanly on SIGINT/SIGTERM (see :class:`SignalShutdown`).
 
     Returns the process exit code: 0 when every projection stopped or caught
-    up, 1 when any stopped with an error, 128 + the signal's number when the
-    stop had to be forced.
+    up (130 when a Ctrl-C stopped them, as shells expect), 1 when any stopped
+    with an error, 128 + the signal's number when the stop had to be forced.
     """
     daemon = Daemon(projections, settings)
     shutdown = SignalShutdown(daemon.stop, daemon.settings.shutdown_timeout_s)
+
+    def exit_code(outcomes: dict[str, Outcome]) -> int:
+        code = _exit_code(outcomes)
+        return 128 + signal.SIGINT.value if code == 0 and shutdown.first_signal is signal.SIGINT else code
+
     try:
-        outcomes = shutdown.run(daemon.run(until_caught_up=until_caught_up), exit_code=_exit_code)
+        outcomes = shutdown.run(daemon.run(until_caught_up=until_caught_up), exit_code=exit_code)
     except asyncio.CancelledError:
         return shutdown.exit_code
-    return _exit_code(outcomes)
+    return exit_code(outcomes)
 
 
 def _exit_code(outcomes: dict[str, Outcome]) -> int:
@@ -409,6 +414,7 @@ class SignalShutdown:
         self.stop = stop
         self.timeout_s = timeout_s
         self.signals = 0
+        self.first_signal: signal.Signals | None = None
         self.exit_code = 1
         self.forced = False
         self._task: asyncio.Task[Any] | None = None
@@ -442,6 +448,7 @@ class SignalShutdown:
 
     def _on_signal(self, sig: signal.Signals) -> None:
         self.signals += 1
+        self.first_signal = self.first_signal or sig
         self.exit_code = 128 + sig.value
         if self.signals > 1:
             self._force(f"Received {sig.name} again")

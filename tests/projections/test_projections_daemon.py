@@ -251,3 +251,18 @@ async def test_status_watch_shows_projections_and_reactors_live_until_ctrl_c(
     assert proc.returncode == 130, err.decode()
     screen = out.decode()
     assert "account_balances" in screen and "mailer" in screen and "Ctrl-C ends" in screen, screen
+
+
+async def test_ctrl_c_stops_the_daemon_cleanly_and_exits_130(es: EventStore, psettings: ProjectionSettings) -> None:
+    await append_workload(es, workload(300, accounts=30))
+    proc = spawn(psettings, "run", "projection_examples:AccountBalances", stderr=subprocess.PIPE)
+    try:
+        last = await es.last_position()
+        await wait_until(lambda: checkpoint(psettings, "account_balances") == last, 30, "the daemon to catch up")
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, stderr = await asyncio.to_thread(proc.communicate, timeout=30)
+    assert proc.returncode == 130, stderr.decode()
+    assert "Received SIGINT" in stderr.decode()
+    [status] = await read_status(psettings, event_store=es)
+    assert status.state == "stopped" and status.checkpoint == last
