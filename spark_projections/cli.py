@@ -137,6 +137,7 @@ def _check() -> int:
     started = time.monotonic()
     spark = spark_session(settings)
     elapsed = time.monotonic() - started
+    round_trip = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="jetsourcing-check-") as tmp:
         table = Path(tmp) / "check"
         frame = spark.createDataFrame([(1, "ok")], "id BIGINT, status STRING")
@@ -152,7 +153,8 @@ def _check() -> int:
     print(f"classpath jars: {len([j for j in jars.split(',') if j])}")
     print(f"session start: {elapsed:.1f}s")
     ok = [tuple(r) for r in rows] == [(1, "ok")] and written.applied
-    print(f"delta round trip: {'ok' if ok else 'FAILED'}")
+    print(f"delta round trip (write a table, read it back): {'ok' if ok else 'FAILED'} "
+          f"in {time.monotonic() - round_trip:.1f}s")
     return 0 if ok else 1
 
 
