@@ -1,44 +1,18 @@
 """An application: the event store, a repository per aggregate class, and your command methods, in one object.
 
-The dog school, whole::
+::
 
-    class Registered(DomainEvent):
-        name: str
+    class Bank(Application):
+        async def open_account(self, owner: str) -> str:
+            account_id = new_id()
+            await self.repository(Account).execute(account_id, lambda a: a.open(owner), create=True)
+            return account_id
 
-    class TrickAdded(DomainEvent):
-        trick: str
+    async with Bank.connect() as bank:                # settings from NATS_URL, JETSOURCING_STREAM, ...
+        alice = await bank.open_account("Alice")
 
-    class DogState(BaseModel):
-        name: str = ""
-        tricks: list[str] = []
-
-    class Dog(Aggregate[DogState]):
-        def register(self, name: str) -> None:
-            self.record(Registered(name=name))
-
-        def add_trick(self, trick: str) -> None:
-            self.record(TrickAdded(trick=trick))
-
-        @applies(Registered)
-        def _registered(self, event: Registered) -> None:
-            self.state.name = event.name
-
-        @applies(TrickAdded)
-        def _trick_added(self, event: TrickAdded) -> None:
-            self.state.tricks.append(event.trick)
-
-    class DogSchool(Application):
-        async def register_dog(self, name: str) -> str:
-            dog_id = new_id()
-            await self.repository(Dog).execute(dog_id, lambda dog: dog.register(name), create=True)
-            return dog_id
-
-        async def add_trick(self, dog_id: str, trick: str) -> None:
-            await self.repository(Dog).execute(dog_id, lambda dog: dog.add_trick(trick))
-
-    async with DogSchool.connect() as school:         # settings from NATS_URL, JETSOURCING_STREAM, ...
-        fido = await school.register_dog("Fido")
-        await school.add_trick(fido, "roll over")
+The dog school of pyeventsourcing's documentation, written this way, is in
+``tests/aggregates/test_application.py``.
 """
 
 from __future__ import annotations

@@ -30,6 +30,15 @@ from .streams import StreamId
 __all__ = ["entity_main", "events_main"]
 
 
+def _command(
+    name: str, description: str, examples: str, sub: str, sub_help: str, sub_examples: str
+) -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    """``jetsourcing <name> <sub>``: the command's parser and its one sub-command's."""
+    parser = argparse.ArgumentParser(prog=f"jetsourcing {name}", description=description, epilog=examples)
+    commands = parser.add_subparsers(dest="command", required=True)
+    return parser, commands.add_parser(sub, help=sub_help, epilog=sub_examples)
+
+
 def _connection_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nats-url", help="NATS server URL(s) (NATS_URL)")
     parser.add_argument("--stream", help="JetStream stream of the events (JETSOURCING_STREAM)")
@@ -67,14 +76,11 @@ def _show(event: RecordedEvent, as_json: bool) -> None:
 
 def events_main(argv: Sequence[str] | None = None) -> int:
     """``jetsourcing events tail``; returns the exit code."""
-    parser = argparse.ArgumentParser(
-        prog="jetsourcing events", description="Look at the stream's events.",
-        epilog="examples: jetsourcing events tail | jetsourcing events tail --category Account -n 500 --no-follow",
-    )
-    commands = parser.add_subparsers(dest="command", required=True)
-    tail = commands.add_parser(
-        "tail", help="the last positions' events, then follow live",
-        epilog="examples: jetsourcing events tail -n 100 | jetsourcing events tail --category Account --entity alice "
+    parser, tail = _command(
+        "events", "Look at the stream's events.",
+        "examples: jetsourcing events tail | jetsourcing events tail --category Account -n 500 --no-follow",
+        "tail", "the last positions' events, then follow live",
+        "examples: jetsourcing events tail -n 100 | jetsourcing events tail --category Account --entity alice "
         "--json | jetsourcing events tail --from-position 1 --no-follow",
     )
     tail.add_argument("--category", action="append", help="only this category (repeat for more)")
@@ -106,14 +112,10 @@ async def _tail(args: argparse.Namespace) -> int:
 
 def entity_main(argv: Sequence[str] | None = None) -> int:
     """``jetsourcing entity show``; returns the exit code."""
-    parser = argparse.ArgumentParser(
-        prog="jetsourcing entity", description="Look at one entity's events.",
-        epilog="example: jetsourcing entity show Account alice",
-    )
-    commands = parser.add_subparsers(dest="command", required=True)
-    show = commands.add_parser(
-        "show", help="the entity's history, with versions and positions",
-        epilog="examples: jetsourcing entity show Account alice | jetsourcing entity show Account alice --json",
+    parser, show = _command(
+        "entity", "Look at one entity's events.", "example: jetsourcing entity show Account alice",
+        "show", "the entity's history, with versions and positions",
+        "examples: jetsourcing entity show Account alice | jetsourcing entity show Account alice --json",
     )
     show.add_argument("category")
     show.add_argument("entity_id", metavar="id")
