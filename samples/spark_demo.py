@@ -20,11 +20,8 @@ NATS connection's keep-alives) stays responsive.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -59,9 +56,11 @@ _TOTALS_SQL = (
 _TOTALS_COLUMNS = ("day", "deposits", "withdrawals", "transfers_in", "transfers_out", "net", "movements")
 
 
-def spark_settings() -> SparkSettings:
-    """A local session sized for a laptop: every core, few shuffle partitions, quiet logs, UTC."""
+def spark_settings(startup_log: Path) -> SparkSettings:
+    """A local session sized for a laptop: every core, few shuffle partitions, quiet logs, UTC; the JVM's start-up
+    output (the Ivy report) in ``startup_log``."""
     return SparkSettings(
+        startup_log=startup_log,
         master="local[*]",
         app_name="jetsourcing-demo",
         shuffle_partitions=4,
@@ -87,12 +86,7 @@ async def run_spark(demo: Demo) -> None:
                "offline: JETSOURCING_SPARK_DELTA_JARS_DIR)")
     started = time.monotonic()
     log = demo.workdir / "spark-startup.log"
-    try:
-        with _stderr_to(log):
-            spark = await _blocking(spark_session, spark_settings())
-    except Exception:
-        report.say(f"Spark's start-up output is in {log}")
-        raise
+    spark = await _blocking(spark_session, spark_settings(log))  # an error names the log
     report.done(f"Spark {spark.version} ({spark.sparkContext.master}) with Delta Lake, ready in "
                 f"{time.monotonic() - started:.1f}s [dim](start-up log: {log.name})[/]")
     root = demo.workdir / "delta"
@@ -119,25 +113,6 @@ async def run_spark(demo: Demo) -> None:
                                           for h in history])
     finally:
         await _blocking(spark.stop)
-
-
-@contextlib.contextmanager
-def _stderr_to(path: Path) -> Iterator[None]:
-    """Send file descriptor 2 to ``path`` for a while: the JVM's start-up chatter (the Ivy report) goes there.
-
-    At the descriptor level because the JVM writes there itself. Once the
-    session is up its log level is ERROR, so later output stays rare.
-    """
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with open(path, "ab") as sink:
-        os.dup2(sink.fileno(), 2)
-    try:
-        yield
-    finally:
-        sys.stderr.flush()
-        os.dup2(saved, 2)
-        os.close(saved)
 
 
 async def _run(

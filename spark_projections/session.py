@@ -12,8 +12,10 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import tempfile
 import threading
 from collections import deque
+from pathlib import Path
 from typing import Any
 
 from py4j.java_gateway import JavaClass
@@ -23,7 +25,7 @@ from pyspark.errors import PySparkRuntimeError
 from pyspark.java_gateway import launch_gateway
 from pyspark.sql import SparkSession
 
-from spark_projections.errors import DeltaNotConfiguredError, SparkStartupError
+from spark_projections.errors import DeltaNotConfiguredError, SparkProjectionError, SparkStartupError
 from spark_projections.jars import delta_coordinate, diagnose_launch_failure, offline_delta_jars
 from spark_projections.java import check_java
 from spark_projections.settings import SparkSettings
@@ -120,7 +122,8 @@ def spark_session(settings: SparkSettings | None = None) -> SparkSession:
         # Some Python workers (the data source planner's) are started by the JVM from
         # PYSPARK_PYTHON as it was at launch; without it they run python3 from PATH.
         os.environ.setdefault("PYSPARK_PYTHON", conf["spark.pyspark.python"])
-        spark = _start_jvm_and_session(conf, coordinate=conf.get("spark.jars.packages"))
+        log = settings.startup_log or Path(tempfile.gettempdir()) / f"jetsourcing-spark-startup-{os.getpid()}.log"
+        spark = _start_jvm_and_session(conf, coordinate=conf.get("spark.jars.packages"), log=log)
     else:
         # A JVM already runs in this process: nothing to launch, the builder reuses it
         # (and any active SparkContext). ensure_delta() below catches a Delta-less one.
@@ -186,17 +189,18 @@ def ensure_delta(spark: SparkSession) -> None:
         )
 
 
-def _start_jvm_and_session(conf: dict[str, str], *, coordinate: str | None) -> SparkSession:
+def _start_jvm_and_session(conf: dict[str, str], *, coordinate: str | None, log: Path) -> SparkSession:
     """Launch the JVM ourselves so its stderr can be captured, then build the session.
 
     PySpark lets the JVM inherit stderr, so when it dies during start-up the only thing
-    Python learns is ``JAVA_GATEWAY_EXITED``. We pass a pipe instead: a thread forwards
-    everything to our stderr (Spark's logs keep appearing as usual) and keeps the tail,
-    which :func:`~spark_projections.jars.diagnose_launch_failure` reads on failure.
+    Python learns is ``JAVA_GATEWAY_EXITED``. We pass a pipe instead: a thread writes the
+    start-up output (Ivy's resolution report is long) to ``log`` and keeps its tail, which
+    :func:`~spark_projections.jars.diagnose_launch_failure` reads on failure; once the
+    session is up, it forwards what follows to our stderr (Spark's warnings appear as usual).
     """
     spark_conf = SparkConf(loadDefaults=False)
     spark_conf.setAll(list(conf.items()))
-    tee = _StderrTee()
+    tee = _StderrTee(log)
     # launch_gateway hands the JVM a copy of os.environ and offers no other way in. For a
     # local master, SPARK_LOCAL_IP keeps Spark from resolving the hostname to some other
     # interface (and warning about it) before spark.driver.bindAddress applies.
@@ -212,7 +216,7 @@ def _start_jvm_and_session(conf: dict[str, str], *, coordinate: str | None) -> S
     except PySparkRuntimeError as exc:
         tee.close_write_end()
         tee.wait_for_eof(timeout=10.0)
-        raise diagnose_launch_failure(tee.text(), coordinate=coordinate) from exc
+        raise _naming_log(diagnose_launch_failure(tee.text(), coordinate=coordinate), log) from exc
     finally:
         if added_local_ip:
             del os.environ["SPARK_LOCAL_IP"]
@@ -221,13 +225,20 @@ def _start_jvm_and_session(conf: dict[str, str], *, coordinate: str | None) -> S
         # Passing the gateway makes SparkContext reuse this JVM instead of launching one.
         context = SparkContext(conf=spark_conf, gateway=gateway)
     except Py4JError as exc:
-        raise SparkStartupError(
-            f"Spark failed to create its context: {_first_line(exc)}", jvm_output=tee.text()
+        raise _naming_log(
+            SparkStartupError(f"Spark failed to create its context: {_first_line(exc)}", jvm_output=tee.text()), log
         ) from exc
     finally:
         # Past start-up the tail is no longer needed; forwarding continues.
         tee.stop_recording()
     return SparkSession(context)
+
+
+def _naming_log(error: SparkProjectionError, log: Path) -> SparkProjectionError:
+    """``error``, its message ending with where the whole start-up output is."""
+    error.args = (f"{error.args[0] if error.args else error} (The JVM's whole start-up output is in {log}.)",
+                  *error.args[1:])
+    return error
 
 
 def _first_line(exc: BaseException) -> str:
@@ -239,9 +250,12 @@ def _first_line(exc: BaseException) -> str:
 
 
 class _StderrTee:
-    """A pipe to hand to the JVM as stderr: forwarded to our fd 2, tail kept in memory."""
+    """A pipe to hand to the JVM as stderr: during start-up written to ``log`` (tail kept in memory), then
+    forwarded to our fd 2."""
 
-    def __init__(self, max_lines: int = 400) -> None:
+    def __init__(self, log: Path, max_lines: int = 400) -> None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(log, "wb")  # closed by the pump when start-up ends or the JVM exits
         read_fd, self.write_fd = os.pipe()
         self._lines: deque[str] = deque(maxlen=max_lines)
         self._recording = True
@@ -254,13 +268,18 @@ class _StderrTee:
     def _pump(self, read_fd: int) -> None:
         with os.fdopen(read_fd, "rb") as source:
             for line in iter(source.readline, b""):
+                with self._lock:
+                    if self._recording:
+                        self._lines.append(line.decode("utf-8", errors="replace").rstrip("\n"))
+                        self._log.write(line)
+                        self._log.flush()
+                        continue
                 try:
                     _write_all(2, line)
                 except OSError:  # our stderr is gone; keep draining so the JVM never blocks
                     pass
-                with self._lock:
-                    if self._recording:
-                        self._lines.append(line.decode("utf-8", errors="replace").rstrip("\n"))
+        with self._lock:
+            self._log.close()
 
     def close_write_end(self) -> None:
         """Close our copy of the write end; the JVM keeps its own until it exits."""
@@ -276,6 +295,7 @@ class _StderrTee:
         with self._lock:
             self._recording = False
             self._lines.clear()
+            self._log.close()
 
     def text(self) -> str:
         with self._lock:

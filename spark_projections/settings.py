@@ -77,6 +77,11 @@ class SparkSettings(BaseSettings):
     log_level: Literal["ALL", "DEBUG", "INFO", "WARN", "ERROR", "FATAL", "OFF"] = "WARN"
     """Log level applied to the SparkContext once it exists."""
 
+    startup_log: Path | None = None
+    """Where the JVM's start-up output goes (Ivy's resolution of the Delta jars among it), instead of the
+    terminal; an error during start-up names it. Default: ``jetsourcing-spark-startup-<pid>.log`` in the
+    temporary directory. After start-up, Spark's own warnings reach stderr as usual."""
+
     extra_conf: dict[str, str] = Field(default_factory=dict)
     """Any further Spark configuration; applied last, so it overrides the values above
     (``spark.jars``, ``spark.jars.packages`` and ``spark.sql.extensions`` are merged instead)."""

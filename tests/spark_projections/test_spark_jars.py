@@ -140,8 +140,10 @@ print("RESULT" + json.dumps(out))
     problem, message, _ = out["empty"]
     assert problem == "artifact_not_found"
     assert f"io.delta#delta-spark_{spark_minor_version()}_2.13;{DELTA_MAVEN_VERSION}" in message
-    # The JVM's output still reached stderr for the user to see.
-    assert "UNRESOLVED DEPENDENCIES" in result.stderr
+    # Ivy's report stays out of the terminal: it is in the start-up log, which the message names.
+    assert "UNRESOLVED DEPENDENCIES" not in result.stderr
+    log = Path(message.rsplit("The JVM's whole start-up output is in ", 1)[1].rstrip(".)"))
+    assert "UNRESOLVED DEPENDENCIES" in log.read_text()
 
 
 def test_export_jars_then_run_offline(
@@ -171,6 +173,7 @@ def test_export_jars_then_run_offline(
             "JETSOURCING_SPARK_DELTA_JARS_DIR": str(jars),
             "JETSOURCING_SPARK_MASTER": "local[1]",
             "JETSOURCING_SPARK_SHUFFLE_PARTITIONS": "1",
+            "JETSOURCING_SPARK_STARTUP_LOG": str(tmp_path / "logs" / "startup.log"),
             # Proof that nothing is downloaded: Ivy's only repository refuses connections.
             "JETSOURCING_SPARK_EXTRA_CONF": json.dumps(
                 {**TEST_PROFILE_CONF, "spark.jars.ivySettings": str(unreachable)}
@@ -181,6 +184,7 @@ def test_export_jars_then_run_offline(
     assert f"delta jars: offline from {jars}" in result.stdout
     assert "delta round trip (write a table, read it back): ok in " in result.stdout
     assert "resolving dependencies" not in result.stderr
+    assert (tmp_path / "logs" / "startup.log").is_file()  # the JVM's start-up output went there
 
 
 def test_cli_reports_errors_without_a_traceback(
