@@ -31,6 +31,7 @@ from pyspark.sql import SparkSession
 from eventstore import EventStoreSettings, ImportPathError, import_object
 from projections import Projection
 from spark_projections.errors import SparkProjectionError
+from spark_projections.delta import WriteResult, table_history
 from spark_projections.projection import AnyProjection, DataFrameProjection, last_position, rebuild, update
 
 __all__ = ["add_commands", "load", "main", "run_command"]
@@ -102,28 +103,49 @@ def add_commands(commands: Any) -> None:
 
 
 def run_command(args: argparse.Namespace, spark: SparkSession | None = None) -> int:
-    """Run a parsed ``rebuild`` / ``update`` command; prints one summary line per table.
+    """Run a parsed ``rebuild`` / ``update`` command: a line per stage as it starts (with the seconds since the
+    command began), then the result and, per table, its Delta version and the rows the commit wrote.
 
     Uses ``spark``, or a session from ``JETSOURCING_SPARK_*`` settings; the event store
     settings come from the arguments, then ``NATS_URL`` / ``JETSOURCING_*``.
     """
     from spark_projections.session import spark_session
 
+    started = time.monotonic()
+
+    def stage(text: str) -> None:
+        print(f"[{time.monotonic() - started:6.1f}s] {text}", flush=True)
+
     projection = load(args.projection)
     overrides = {k: v for k, v in (("nats_url", args.nats_url), ("stream", args.stream),
                                    ("subject_prefix", args.subject_prefix)) if v}
     settings = EventStoreSettings(**overrides)
     if spark is None:
-        last_position(settings)  # an unusable server fails in seconds, not after Spark's start-up
+        stage(f"the stream's last position: {last_position(settings):,}")  # a bad server fails before Spark starts
+        stage("starting Spark with Delta Lake (its start-up output goes to a log file)")
     spark = spark or spark_session()
     run = (rebuild if args.command == "rebuild" else update)(
-        spark, projection, settings, args.root, partitions=args.partitions, to_position=args.to_position
+        spark, projection, settings, args.root, partitions=args.partitions, to_position=args.to_position,
+        progress=stage,
     )
-    print(f"{run.projection}: {run.mode} to position {run.position} (app id {run.app_id})")
+    stage(f"{run.projection}: {run.mode}, positions {run.from_position:,} to {run.position:,} (app id {run.app_id})")
     for name, result in run.tables.items():
         state = "committed" if result.applied else "already recorded"
-        print(f"  {name}: {state}, table version {result.table_version}")
+        print(f"  {name}: {state}, table version {result.table_version}{_rows_written(spark, args.root, name, result)}")
     return 0
+
+
+def _rows_written(spark: SparkSession, root: str, name: str, result: WriteResult) -> str:
+    """``, N rows written`` (or inserted, updated, deleted) by the commit ``result`` made, from Delta's metrics."""
+    if not result.applied:
+        return ""
+    entry = next((e for e in table_history(spark, Path(root) / name) if e.version == result.table_version), None)
+    metrics = entry.metrics if entry is not None else {}
+    if "numOutputRows" in metrics and entry is not None and entry.operation != "MERGE":
+        return f", {int(metrics['numOutputRows']):,} rows written"
+    counts = [(metrics.get(f"numTargetRows{kind}"), kind.lower()) for kind in ("Inserted", "Updated", "Deleted")]
+    shown = [f"{int(n):,} {kind}" for n, kind in counts if n is not None]
+    return f", rows {', '.join(shown)}" if shown else ""
 
 
 def _check() -> int:

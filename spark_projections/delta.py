@@ -28,7 +28,7 @@ import json
 import os
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
@@ -129,6 +129,8 @@ class HistoryEntry:
     app_id: str | None
     mode: str | None
     write_id: str | None = None
+    metrics: dict[str, str] = field(default_factory=dict)
+    """Delta's ``operationMetrics`` of the commit (e.g. ``numOutputRows``, ``numTargetRowsInserted``)."""
 
 
 def full_rebuild(
@@ -334,6 +336,7 @@ def _history_entry(row: dict[str, Any]) -> HistoryEntry:
             mode = meta.get(METADATA_MODE)
             write_id = meta.get(METADATA_WRITE_ID)
     return HistoryEntry(
+        metrics={str(k): str(v) for k, v in (row.get("operationMetrics") or {}).items()},
         version=int(row["version"]),
         operation=str(row["operation"]),
         timestamp=row["timestamp"],

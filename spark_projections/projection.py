@@ -86,6 +86,7 @@ __all__ = [
     "Combine",
     "DataFrameProjection",
     "FoldConstraintError",
+    "Progress",
     "ProjectionRun",
     "app_id_of",
     "fold_tables",
@@ -218,6 +219,7 @@ def rebuild(
     to_position: int | None = None,
     partitions: int | None = None,
     group_by: str = "stream_id",
+    progress: Progress | None = None,
 ) -> ProjectionRun:
     """Compute every table of ``projection`` from the whole history and replace it, one commit per table.
 
@@ -227,10 +229,11 @@ def rebuild(
     ``partitions`` is the number of parallel stream reads (default: Spark's
     default parallelism). A table already recorded at that position is left
     alone (``applied=False``), so re-running after a crash finishes the job;
-    when every table is, nothing is computed (``noop``).
+    when every table is, nothing is computed (``noop``). ``progress`` is told each
+    stage as it starts (reading, folding or building, writing each table).
     """
     high = last_position(settings) if to_position is None else to_position
-    return _rebuild(spark, projection, settings, Path(root), registry, high, partitions, group_by)
+    return _rebuild(spark, projection, settings, Path(root), registry, high, partitions, group_by, progress or _quiet)
 
 
 def update(
@@ -243,6 +246,7 @@ def update(
     to_position: int | None = None,
     partitions: int | None = None,
     group_by: str = "stream_id",
+    progress: Progress | None = None,
 ) -> ProjectionRun:
     """Bring the tables from their recorded position up to ``to_position`` (default: the last position).
 
@@ -250,24 +254,43 @@ def update(
     table. Falls back to :func:`rebuild` when a table has no recorded position
     for this projection version, when the tables disagree (an interrupted run)
     or for a DataFrame projection without ``combine``. Nothing new: ``noop``.
+    ``progress`` is told each stage as it starts, as for :func:`rebuild`.
     """
     root = Path(root)
+    say = progress or _quiet
     app_id = app_id_of(projection)
     high = last_position(settings) if to_position is None else to_position
     recorded = {recorded_position(spark, root / name, app_id) for name in table_names(projection)}
     if None in recorded or len(recorded) != 1:
-        return _rebuild(spark, projection, settings, root, registry, high, partitions, group_by)
+        say("no common recorded position in the tables: rebuilding")
+        return _rebuild(spark, projection, settings, root, registry, high, partitions, group_by, say)
     (low,) = recorded
     assert low is not None
     if high <= low:
+        say(f"the tables are at position {low}: nothing new")
         return ProjectionRun(projection.name, app_id, "noop", low + 1, low)
     if isinstance(projection, DataFrameProjection) and projection.combine is None:
-        return _rebuild(spark, projection, settings, root, registry, high, partitions, group_by)
+        say("a DataFrame projection without combine: rebuilding")
+        return _rebuild(spark, projection, settings, root, registry, high, partitions, group_by, say)
+    say(_reading(settings, projection, low + 1, high))
     events = read_events(spark, settings, categories=projection.categories, from_position=low + 1,
                          to_position=high, partitions=partitions, columns=_columns_of(projection))
     if isinstance(projection, DataFrameProjection):
-        return _merge_dataframe(projection, events, root, app_id, low, high)
-    return _merge_fold(projection, events, root, app_id, low, high, registry, group_by)
+        return _merge_dataframe(projection, events, root, app_id, low, high, say)
+    return _merge_fold(projection, events, root, app_id, low, high, registry, group_by, say)
+
+
+Progress = Callable[[str], None]
+"""Told each stage of a :func:`rebuild` or :func:`update` as it starts, in words."""
+
+
+def _quiet(stage: str) -> None:
+    """The progress of a caller that did not ask for it."""
+
+
+def _reading(settings: EventStoreSettings, projection: AnyProjection, low: int, high: int) -> str:
+    what = ", ".join(projection.categories) if projection.categories else "every category"
+    return f"reading positions {low:,} to {high:,} of stream {settings.stream!r} ({what}) from JetStream"
 
 
 def _columns_of(projection: AnyProjection) -> tuple[str, ...] | None:
@@ -283,24 +306,29 @@ def _rebuild(
     high: int,
     partitions: int | None,
     group_by: str,
+    say: Progress,
 ) -> ProjectionRun:
     app_id = app_id_of(projection)
     recorded = [recorded_position(spark, root / name, app_id) for name in table_names(projection)]
     if all(position is not None and position >= high for position in recorded):
+        say(f"every table is recorded at position {high} or later: nothing to do")
         return ProjectionRun(projection.name, app_id, "noop", 1, min(p for p in recorded if p is not None))
+    say(_reading(settings, projection, 1, high))
     events = read_events(spark, settings, categories=projection.categories, to_position=high, partitions=partitions,
                          columns=_columns_of(projection))
     if isinstance(projection, DataFrameProjection):
+        say(f"building table {projection.name} from the events and writing it (one Delta commit)")
         result = full_rebuild(projection.build(events), root / projection.name, app_id=app_id, position=high)
         return ProjectionRun(projection.name, app_id, "rebuild", 1, high, {projection.name: result})
+    say(f"folding the events per {group_by} through the projection's handlers")
     folded = _fold(projection, events, registry, group_by, state=None).persist(StorageLevel.MEMORY_AND_DISK)
     try:
         tables = _split(projection, folded)
         _check_one_writer(projection, tables, group_by)
-        results = {
-            name: full_rebuild(frame.drop(_DELETED), root / name, app_id=app_id, position=high)
-            for name, frame in tables.items()
-        }
+        results = {}
+        for name, frame in tables.items():
+            say(f"writing table {name} (one Delta commit)")
+            results[name] = full_rebuild(frame.drop(_DELETED), root / name, app_id=app_id, position=high)
     finally:
         folded.unpersist()
     return ProjectionRun(projection.name, app_id, "rebuild", 1, high, results)
@@ -315,9 +343,11 @@ def _merge_fold(
     high: int,
     registry: TypeRegistry | None,
     group_by: str,
+    say: Progress,
 ) -> ProjectionRun:
     spark = events.sparkSession
     registry = _bound(projection, registry)
+    say(f"folding the new events per {group_by} onto the affected rows")
     # Read the stream once: the affected groups and the fold both need the new events.
     handled = events.where(F.col("type").isin(sorted(projection.handled_types))).persist(StorageLevel.MEMORY_AND_DISK)
     affected = handled.select(F.col(group_by).cast("string").alias(GROUP_COLUMN)).distinct()
@@ -329,13 +359,13 @@ def _merge_fold(
         if folded.count() == 0:
             return ProjectionRun(projection.name, app_id, "noop", low + 1, low)
         tables = _split(projection, folded)
-        results = {
-            table.name: incremental_merge(
+        results = {}
+        for table in projection.tables:
+            say(f"merging into table {table.name} (one Delta commit)")
+            results[table.name] = incremental_merge(
                 tables[table.name], root / table.name, keys=table.key, app_id=app_id, position=high,
                 deleted_col=_DELETED,
             )
-            for table in projection.tables
-        }
     finally:
         folded.unpersist()
         handled.unpersist()
@@ -343,10 +373,11 @@ def _merge_fold(
 
 
 def _merge_dataframe(
-    projection: DataFrameProjection, events: DataFrame, root: Path, app_id: str, low: int, high: int
+    projection: DataFrameProjection, events: DataFrame, root: Path, app_id: str, low: int, high: int, say: Progress
 ) -> ProjectionRun:
     spark = events.sparkSession
     path = root / projection.name
+    say(f"building {projection.name}'s rows from the new events and merging them (one Delta commit)")
     partial = projection.build(events).persist(StorageLevel.MEMORY_AND_DISK)
     try:
         if partial.isEmpty():

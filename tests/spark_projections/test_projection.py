@@ -238,7 +238,18 @@ async def test_cli_rebuild_and_update(
     args = ["projection_examples:Movements", "--root", str(tmp_path / "cli"), "--nats-url", str(store.settings.nats_url),
             "--stream", store.settings.stream, "--subject-prefix", store.settings.subject_prefix]
     assert main(["rebuild", *args], spark=spark) == 0
-    assert f"movements: rebuild to position {last}" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"movements: rebuild, positions 1 to {last:,}" in out
+    stages = [line.split("] ", 1)[1] for line in out.splitlines() if line.startswith("[")]
+    assert stages[0].startswith(f"reading positions 1 to {last:,} of stream {store.settings.stream!r}")
+    assert stages[1].startswith("folding the events per stream_id") and stages[2].startswith("writing table movements")
+    [written] = [line for line in out.splitlines() if line.startswith("  movements: committed")]
+    rows = len(table(spark, tmp_path / "cli" / "movements"))
+    assert written.endswith(f", {rows:,} rows written"), written
+    await history(store, workload(20, 3, seed=18))
+    assert main(["update", *args], spark=spark) == 0
+    out = capsys.readouterr().out
+    assert "merging into table movements" in out and ", rows " in out and " inserted" in out, out
     assert main(["update", *args], spark=spark) == 0
     assert "movements: noop" in capsys.readouterr().out
     assert main(["update", "no_such_module:X", "--root", str(tmp_path)], spark=spark) == 2
