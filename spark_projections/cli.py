@@ -128,7 +128,9 @@ def run_command(args: argparse.Namespace, spark: SparkSession | None = None) -> 
         spark, projection, settings, args.root, partitions=args.partitions, to_position=args.to_position,
         progress=stage,
     )
-    stage(f"{run.projection}: {run.mode}, positions {run.from_position:,} to {run.position:,} (app id {run.app_id})")
+    folded = "" if run.events is None else f", {run.events:,} events folded"
+    stage(f"{run.projection}: {run.mode}, positions {run.from_position:,} to {run.position:,}{folded} "
+          f"(app id {run.app_id})")
     for name, result in run.tables.items():
         state = "committed" if result.applied else "already recorded"
         print(f"  {name}: {state}, table version {result.table_version}{_rows_written(spark, args.root, name, result)}")

@@ -60,7 +60,7 @@ from typing import Any, Literal, TypeVar
 
 import pyarrow as pa
 from delta.tables import DeltaTable
-from pyspark import StorageLevel
+from pyspark import Accumulator, StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
@@ -178,6 +178,9 @@ class ProjectionRun:
     ``"noop"`` (nothing new; nothing written). ``from_position`` is the first
     stream position read, ``position`` the one the tables now reflect, ``tables``
     each table's :class:`~spark_projections.delta.WriteResult` (empty for noop).
+    ``events`` is how many events a projection's handlers folded (None for a
+    DataFrame projection or a noop), counted by a Spark accumulator as the fold
+    reads them: a partition Spark had to compute twice would count twice.
     """
 
     projection: str
@@ -186,6 +189,7 @@ class ProjectionRun:
     from_position: int
     position: int
     tables: dict[str, WriteResult] = field(default_factory=dict)
+    events: int | None = None
 
 
 def app_id_of(projection: AnyProjection) -> str:
@@ -321,7 +325,8 @@ def _rebuild(
         result = full_rebuild(projection.build(events), root / projection.name, app_id=app_id, position=high)
         return ProjectionRun(projection.name, app_id, "rebuild", 1, high, {projection.name: result})
     say(f"folding the events per {group_by} through the projection's handlers")
-    folded = _fold(projection, events, registry, group_by, state=None).persist(StorageLevel.MEMORY_AND_DISK)
+    counter = spark.sparkContext.accumulator(0)
+    folded = _fold(projection, events, registry, group_by, None, counter).persist(StorageLevel.MEMORY_AND_DISK)
     try:
         tables = _split(projection, folded)
         _check_one_writer(projection, tables, group_by)
@@ -331,7 +336,7 @@ def _rebuild(
             results[name] = full_rebuild(frame.drop(_DELETED), root / name, app_id=app_id, position=high)
     finally:
         folded.unpersist()
-    return ProjectionRun(projection.name, app_id, "rebuild", 1, high, results)
+    return ProjectionRun(projection.name, app_id, "rebuild", 1, high, results, counter.value)
 
 
 def _merge_fold(
@@ -352,7 +357,8 @@ def _merge_fold(
     handled = events.where(F.col("type").isin(sorted(projection.handled_types))).persist(StorageLevel.MEMORY_AND_DISK)
     affected = handled.select(F.col(group_by).cast("string").alias(GROUP_COLUMN)).distinct()
     state = [_stored(spark, root / table.name).join(affected, GROUP_COLUMN, "left_semi") for table in projection.tables]
-    folded = _fold(projection, handled, registry, group_by, state=state).persist(StorageLevel.MEMORY_AND_DISK)
+    counter = spark.sparkContext.accumulator(0)
+    folded = _fold(projection, handled, registry, group_by, state, counter).persist(StorageLevel.MEMORY_AND_DISK)
     try:
         # Computed in full once, before the first table changes; should Spark recompute a
         # lost partition later, the pinned table versions above give it the same start state.
@@ -369,7 +375,7 @@ def _merge_fold(
     finally:
         folded.unpersist()
         handled.unpersist()
-    return ProjectionRun(projection.name, app_id, "merge", low + 1, high, results)
+    return ProjectionRun(projection.name, app_id, "merge", low + 1, high, results, counter.value)
 
 
 def _merge_dataframe(
@@ -473,8 +479,10 @@ def _fold(
     registry: TypeRegistry | None,
     group_by: str,
     state: Sequence[DataFrame] | None,
+    counter: Accumulator[int] | None = None,
 ) -> DataFrame:
-    """Fold the handled events group by group; ``state`` holds each table's stored rows of the affected groups."""
+    """Fold the handled events group by group; ``state`` holds each table's stored rows of the affected groups;
+    ``counter`` counts the events folded."""
     registry = _bound(projection, registry)
     spark = events.sparkSession
     out_schema = _fold_schema(projection)
@@ -506,7 +514,7 @@ def _fold(
     ordered = inputs.repartition(partitions, GROUP_COLUMN).sortWithinPartitions(
         GROUP_COLUMN, _KIND, "position", "index"
     )
-    folder = _GroupFolder(projection, registry, incremental=state is not None)
+    folder = _GroupFolder(projection, registry, incremental=state is not None, counter=counter)
     return ordered.mapInArrow(folder, out_schema)
 
 
@@ -549,10 +557,13 @@ class _GroupFolder:
     rows come before its events, and its events in stream order.
     """
 
-    def __init__(self, projection: Projection, registry: TypeRegistry, *, incremental: bool) -> None:
+    def __init__(
+        self, projection: Projection, registry: TypeRegistry, *, incremental: bool, counter: Accumulator[int] | None
+    ) -> None:
         self.projection = projection
         self.registry = registry
         self.incremental = incremental
+        self.counter = counter
 
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         projection, registry = self.projection, self.registry
@@ -568,6 +579,8 @@ class _GroupFolder:
         for batch in batches:
             data = batch.to_pydict()
             groups, kinds = data[GROUP_COLUMN], data[_KIND]
+            if self.counter is not None:
+                self.counter.add(sum(kinds))  # kind 1: an event
             for r in range(batch.num_rows):
                 if groups[r] != group:
                     if group is not None:

@@ -239,7 +239,9 @@ async def test_cli_rebuild_and_update(
             "--stream", store.settings.stream, "--subject-prefix", store.settings.subject_prefix]
     assert main(["rebuild", *args], spark=spark) == 0
     out = capsys.readouterr().out
-    assert f"movements: rebuild, positions 1 to {last:,}" in out
+    handled = Movements().handled_types
+    events = sum(type(e).__name__ in handled for _, evs in workload(80, 6, seed=17) for e in evs)
+    assert f"movements: rebuild, positions 1 to {last:,}, {events:,} events folded" in out
     stages = [line.split("] ", 1)[1] for line in out.splitlines() if line.startswith("[")]
     assert stages[0].startswith(f"reading positions 1 to {last:,} of stream {store.settings.stream!r}")
     assert stages[1].startswith("folding the events per stream_id") and stages[2].startswith("writing table movements")
