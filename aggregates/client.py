@@ -22,6 +22,7 @@ import math
 import uuid
 from dataclasses import dataclass
 from typing import Any
+from uuid import UUID
 
 import nats.errors
 from nats.aio.client import Client as NATS
@@ -88,7 +89,7 @@ class CommandClient:
     async def send(
         self,
         aggregate: type[Aggregate[Any]] | str,
-        aggregate_id: str,
+        aggregate_id: str | UUID,
         command: BaseModel,
         *,
         name: str | None = None,
@@ -98,13 +99,15 @@ class CommandClient:
     ) -> CommandReply:
         """Send ``command`` for the aggregate ``aggregate_id`` and wait for the service's answer.
 
-        ``aggregate`` is the aggregate class or its category; ``name`` the
+        ``aggregate`` is the aggregate class or its category, ``aggregate_id`` a
+        ``str`` or a :class:`uuid.UUID`; ``name`` the
         command's name (default: the command's class name). ``command_id``
         (default: a new UUID) makes a resend safe. Raises, without waiting,
         :class:`~eventstore.InvalidArgumentError` for arguments that cannot
         make a request; after sending, the errors in the module docs.
         """
         category = check_name(aggregate if isinstance(aggregate, str) else _category(aggregate), "aggregate category")
+        aggregate_id = str(aggregate_id) if isinstance(aggregate_id, UUID) else aggregate_id
         if not isinstance(aggregate_id, str) or not aggregate_id:
             raise InvalidArgumentError(f"aggregate_id must be a non-empty str, not {aggregate_id!r:.80}.")
         if not isinstance(command, BaseModel):

@@ -35,6 +35,7 @@ from typing import Any, Generic, TypeVar
 import pydantic_core
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from nats.errors import Error as NatsError
 from pydantic import BaseModel, ValidationError
 
 from eventstore import (
@@ -117,6 +118,7 @@ class CommandService:
         self._subs: list[Subscription] = []
         self._slots = asyncio.Semaphore(max_in_flight)
         self._running: set[asyncio.Task[None]] = set()
+        self._refusing = False
 
     @property
     def subjects(self) -> list[str]:
@@ -170,15 +172,29 @@ class CommandService:
         return register
 
     async def start(self) -> None:
-        """Subscribe to every command's subject in the queue group (returns once the server has the interest)."""
+        """Subscribe to every command's subject in the queue group (returns once the server has the interest).
+
+        Raises :class:`~eventstore.ServerUnavailableError` when the server does not confirm the subscriptions in
+        time; then none is left behind.
+        """
         if not self._routes:
             raise InvalidArgumentError("The service has no commands: add some before starting it.")
         if self._subs:
             return
+        self._refusing = False
         nc = self.store.nc
-        for subject in self._routes:
-            self._subs.append(await nc.subscribe(subject, queue=self.queue, cb=self._receive))
-        await nc.flush(timeout=math.ceil(self.store.settings.request_timeout_s))
+        try:
+            for subject in self._routes:
+                self._subs.append(await nc.subscribe(subject, queue=self.queue, cb=self._receive))
+            await nc.flush(timeout=math.ceil(self.store.settings.request_timeout_s))
+        except Exception as exc:
+            subs, self._subs = self._subs, []
+            for sub in subs:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+            if isinstance(exc, (NatsError, asyncio.TimeoutError)):
+                raise ServerUnavailableError(f"The command service could not subscribe to its subjects: {exc}") from exc
+            raise
         log.info("serving %d command(s) in queue group %r (pid %d): %s", len(self._routes), self.queue, os.getpid(),
                  ", ".join(self._routes))
 
@@ -187,11 +203,14 @@ class CommandService:
         subs, self._subs = self._subs, []
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.drain_timeout_s
-        for sub in subs:
-            # drain: unsubscribe, then run the callback on what was already delivered (bounded like every wait)
-            left = max(0.01, deadline - loop.time())
-            draining = asyncio.ensure_future(sub.drain())  # type: ignore[no-untyped-call]
-            await stop_task(draining, grace_s=left, timeout_s=left + 1.0)
+        # drain every subscription at once: unsubscribe, then run the callback on what was already delivered
+        drains = [asyncio.ensure_future(sub.drain()) for sub in subs]  # type: ignore[no-untyped-call]
+        if drains:
+            await asyncio.wait(drains, timeout=self.drain_timeout_s)
+        # Past the deadline, what is still queued is answered "unavailable" at once instead of run.
+        self._refusing = True
+        for sub, draining in zip(subs, drains):
+            await stop_task(draining, timeout_s=1.0)
             if draining.done() and not draining.cancelled() and draining.exception() is not None:
                 log.debug("draining %s: %r", sub.subject, draining.exception())  # a closed connection: nothing arrives
         if self._running:
@@ -211,10 +230,21 @@ class CommandService:
 
     async def _receive(self, msg: Msg) -> None:
         # nats-py runs a subscription's callbacks one at a time: hand each command to a task of its own.
-        await self._slots.acquire()
-        task = asyncio.create_task(self._handle(msg))
-        self._running.add(task)
-        task.add_done_callback(self._finished)
+        if not self._refusing:
+            await self._slots.acquire()
+            if not self._refusing:
+                task = asyncio.create_task(self._handle(msg))
+                self._running.add(task)
+                task.add_done_callback(self._finished)
+                return
+            self._slots.release()
+        COMMANDS.labels(msg.subject, "unavailable").inc()
+        if msg.reply:
+            with contextlib.suppress(Exception):
+                await self.store.nc.publish(msg.reply, json.dumps(_error(
+                    "unavailable", "The command service stopped before this command started: nothing ran. Send it "
+                    "again (another member of the queue group takes it).",
+                )).encode())
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._running.discard(task)
@@ -300,6 +330,11 @@ class CommandService:
         return answer
 
 
+_MAX_MESSAGE = 2000  # an error reply must fit in a message whatever the exception's text
+
+
 def _error(kind: str, message: str, exc: BaseException | None = None) -> dict[str, Any]:
+    if len(message) > _MAX_MESSAGE:
+        message = message[: _MAX_MESSAGE - 3] + "..."
     return {"ok": False, "error": kind, "message": message, "type": type(exc).__name__ if exc is not None else None}
 

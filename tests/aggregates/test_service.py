@@ -372,3 +372,28 @@ async def test_a_command_at_the_servers_size_limit(served: CommandService, clien
     with pytest.raises(InvalidCommandError, match="more than the server's max_payload"):
         await client.send(Account, "big", Big(owner="x" * (limit - 200)), name="Open")
     assert await store.read(StreamId("Account", "big")) == []
+
+
+async def test_commands_queued_past_the_drain_deadline_are_answered_at_once(
+    store: EventStore, prefix: str, client: CommandClient
+) -> None:
+    service = build_service(store, prefix, max_in_flight=1, drain_timeout_s=0.5)
+    await service.start()
+    await client.send(Account, "jay", Open(owner="Jay"))
+    sends = [asyncio.create_task(client.send(Account, "jay", Slow(seconds=30), timeout_s=20)) for _ in range(3)]
+    await asyncio.sleep(0.3)  # one runs, two wait for the slot
+    started = time.monotonic()
+    await service.stop()
+    done = await asyncio.gather(*sends, return_exceptions=True)
+    assert time.monotonic() - started < 3
+    messages = sorted(str(e) for e in done)
+    assert all(isinstance(e, CommandUnavailableError) for e in done), done
+    assert sum("before the command finished" in m for m in messages) == 1, messages
+    assert sum("before this command started" in m for m in messages) == 2, messages
+    assert (await Repository(store, Account).get("jay")).version == 1
+
+
+async def test_a_uuid_id_is_sent_as_its_text(served: CommandService, client: CommandClient, store: EventStore) -> None:
+    key = uuid.uuid4()
+    await client.send(Account, key, Open(owner="Kim"))
+    assert (await Repository(store, Account).get(str(key))).state.owner == "Kim"
