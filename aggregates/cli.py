@@ -26,7 +26,8 @@ import signal
 from collections.abc import Sequence
 from typing import Any
 
-from eventstore import EventStore, EventStoreSettings, InvalidArgumentError, import_object
+from eventstore import EventStore, InvalidArgumentError, import_object
+from eventstore.cli import server_settings
 
 from .service import CommandService
 from .settings import CommandServiceSettings
@@ -57,12 +58,11 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``serve`` with ``argv``; returns the exit code (errors propagate to the ``jetsourcing`` command)."""
     args = parser().parse_args(argv)
-    store_options = {k: v for k, v in (("nats_url", args.nats_url), ("stream", args.stream),
-                                       ("subject_prefix", args.subject_prefix)) if v}
     options: dict[str, Any] = {k: v for k, v in (
         ("subject_prefix", args.command_prefix), ("queue", args.queue), ("max_in_flight", args.max_in_flight),
         ("drain_timeout_s", args.drain_timeout)) if v is not None}
-    settings = CommandServiceSettings(eventstore=EventStoreSettings(**store_options), **options)
+    store = server_settings(args.nats_url, args.stream, args.subject_prefix)
+    settings = CommandServiceSettings(eventstore=store, **options)
     factory = import_object(args.factory)
     if not callable(factory):
         raise InvalidArgumentError(f"{args.factory!r} is {factory!r:.80}, not a function returning a CommandService.")

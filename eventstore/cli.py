@@ -27,7 +27,7 @@ from .settings import EventStoreSettings
 from .store import EventStore
 from .streams import StreamId
 
-__all__ = ["entity_main", "events_main"]
+__all__ = ["entity_main", "events_main", "server_settings"]
 
 
 def _command(
@@ -46,9 +46,22 @@ def _connection_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="one JSON object per event and line (for tools)")
 
 
+def server_settings(nats_url: str | None, stream: str | None, subject_prefix: str | None) -> EventStoreSettings:
+    """The event store settings a command line gives (then ``NATS_URL`` and ``JETSOURCING_*``), refusing none
+    for the server: a command never starts an embedded server of its own, which would hold nothing."""
+    given: dict[str, Any] = {k: v for k, v in (("nats_url", nats_url), ("stream", stream),
+                                               ("subject_prefix", subject_prefix)) if v}
+    settings = EventStoreSettings(**given)
+    if not settings.nats_url:
+        raise InvalidArgumentError(
+            "No NATS server configured: set NATS_URL (or pass --nats-url). A command works on an existing event "
+            "store; an embedded server started here would be empty."
+        )
+    return settings
+
+
 def _settings(args: argparse.Namespace) -> EventStoreSettings:
-    return EventStoreSettings(**{k: v for k, v in (("nats_url", args.nats_url), ("stream", args.stream),
-                                                   ("subject_prefix", args.subject_prefix)) if v})
+    return server_settings(args.nats_url, args.stream, args.subject_prefix)
 
 
 def _as_dict(event: RecordedEvent) -> dict[str, Any]:
@@ -99,7 +112,7 @@ def events_main(argv: Sequence[str] | None = None) -> int:
 
 
 async def _tail(args: argparse.Namespace) -> int:
-    async with EventStore.connect(_settings(args)) as store:
+    async with EventStore.connect(_settings(args), create_stream=False) as store:
         start = args.from_position or max(1, await store.last_position() - args.positions + 1)
         reading = (store.read_all(from_position=start, categories=args.category) if args.no_follow
                    else store.subscribe(from_position=start, categories=args.category))
@@ -126,7 +139,7 @@ def entity_main(argv: Sequence[str] | None = None) -> int:
 
 async def _entity(args: argparse.Namespace) -> int:
     stream_id = StreamId(args.category, args.entity_id)
-    async with EventStore.connect(_settings(args)) as store:
+    async with EventStore.connect(_settings(args), create_stream=False) as store:
         events = await store.read(stream_id, consistent=True)
     if not events:
         print(f"jetsourcing: {stream_id} has no events in stream {store.settings.stream!r}.", file=sys.stderr)

@@ -104,3 +104,18 @@ async def test_events_tail_follows_live_until_ctrl_c(store: EventStore) -> None:
 async def test_events_tail_refuses_bad_positions(store: EventStore, bad: list[str]) -> None:
     code, _, err = await run(store, "events", "tail", "--no-follow", *bad)
     assert code in (1, 2) and err.strip(), err
+
+
+@pytest.mark.parametrize("args", [("entity", "show", "Account", "a"), ("events", "tail"),
+                                  ("serve", "samples.bank.commands:command_service")])
+async def test_without_a_server_configured_a_command_says_so_and_starts_none(args: tuple[str, ...]) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JETSOURCING_") and k != "NATS_URL"}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "projections.cli", *args, env={**env, "PYTHONPATH": str(ROOT)},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    async with asyncio.timeout(30):
+        _, err = await process.communicate()
+    lines = err.decode().splitlines()
+    assert process.returncode == 1 and len(lines) == 1, lines
+    assert lines[0].startswith("jetsourcing: No NATS server configured: set NATS_URL"), lines
