@@ -142,7 +142,10 @@ def _add_global_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-format", default="text", choices=["text", "json"],
                         help="log lines as text, or as one JSON object each (for log collectors)")
     parser.add_argument("--metrics-port", type=int, metavar="PORT",
-                        help="serve Prometheus metrics at http://0.0.0.0:PORT/metrics while the command runs")
+                        help="serve Prometheus metrics at http://ADDR:PORT/metrics while the command runs")
+    parser.add_argument("--metrics-addr", default="127.0.0.1", metavar="ADDR",
+                        help="the address the metrics are served on (default 127.0.0.1; 0.0.0.0 for every interface, "
+                        "e.g. in a container)")
     parser.add_argument("--debug", action="store_true", help="print the traceback of an error, not only its message")
 
 
@@ -150,7 +153,7 @@ def _start(args: argparse.Namespace) -> None:
     """Logging and the metrics endpoint, as the global options say."""
     configure_logging(args.log_level, args.log_format)
     if args.metrics_port is not None:
-        serve_metrics(args.metrics_port)
+        serve_metrics(args.metrics_port, args.metrics_addr)
 
 
 def _version() -> str:

@@ -1,7 +1,8 @@
 """Metrics of projections and reactors in Prometheus' default registry, and the endpoint that serves them.
 
-``jetsourcing ... --metrics-port N`` calls :func:`serve_metrics`; every metric
-of the process (the command service's too) is then at ``http://host:N/metrics``.
+``jetsourcing ... --metrics-port N [--metrics-addr ADDR]`` calls :func:`serve_metrics`; every
+metric of the process (the command service's too) is then at ``http://ADDR:N/metrics`` (ADDR
+127.0.0.1 unless given: the endpoint has no authentication).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def serving() -> bool:
     return bool(_serving)
 
 
-def serve_metrics(port: int, addr: str = "0.0.0.0") -> None:
+def serve_metrics(port: int, addr: str = "127.0.0.1") -> None:
     """Serve every metric of this process at ``http://addr:port/metrics`` from a background thread."""
     if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
         raise InvalidArgumentError(f"The metrics port must be an int from 1 to 65535, not {port!r}.")

@@ -16,7 +16,7 @@ import tempfile
 import threading
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from py4j.java_gateway import JavaClass
 from py4j.protocol import Py4JError
@@ -122,8 +122,7 @@ def spark_session(settings: SparkSettings | None = None) -> SparkSession:
         # Some Python workers (the data source planner's) are started by the JVM from
         # PYSPARK_PYTHON as it was at launch; without it they run python3 from PATH.
         os.environ.setdefault("PYSPARK_PYTHON", conf["spark.pyspark.python"])
-        log = settings.startup_log or Path(tempfile.gettempdir()) / f"jetsourcing-spark-startup-{os.getpid()}.log"
-        spark = _start_jvm_and_session(conf, coordinate=conf.get("spark.jars.packages"), log=log)
+        spark = _start_jvm_and_session(conf, coordinate=conf.get("spark.jars.packages"), log=settings.startup_log)
     else:
         # A JVM already runs in this process: nothing to launch, the builder reuses it
         # (and any active SparkContext). ensure_delta() below catches a Delta-less one.
@@ -189,7 +188,7 @@ def ensure_delta(spark: SparkSession) -> None:
         )
 
 
-def _start_jvm_and_session(conf: dict[str, str], *, coordinate: str | None, log: Path) -> SparkSession:
+def _start_jvm_and_session(conf: dict[str, str], *, coordinate: str | None, log: Path | None) -> SparkSession:
     """Launch the JVM ourselves so its stderr can be captured, then build the session.
 
     PySpark lets the JVM inherit stderr, so when it dies during start-up the only thing
@@ -200,7 +199,19 @@ def _start_jvm_and_session(conf: dict[str, str], *, coordinate: str | None, log:
     """
     spark_conf = SparkConf(loadDefaults=False)
     spark_conf.setAll(list(conf.items()))
-    tee = _StderrTee(log)
+    try:
+        if log is None:  # a new file of our own: a predictable name in a shared directory could be anyone's
+            fd, name = tempfile.mkstemp(prefix="jetsourcing-spark-startup-", suffix=".log")
+            sink, log = os.fdopen(fd, "wb"), Path(name)
+        else:
+            log.parent.mkdir(parents=True, exist_ok=True)
+            sink = open(log, "wb")
+    except OSError as exc:
+        raise SparkStartupError(
+            f"Cannot write Spark's start-up log {log or 'in the temporary directory'}: {exc}. Set "
+            "JETSOURCING_SPARK_STARTUP_LOG to a file you can write."
+        ) from exc
+    tee = _StderrTee(sink)
     # launch_gateway hands the JVM a copy of os.environ and offers no other way in. For a
     # local master, SPARK_LOCAL_IP keeps Spark from resolving the hostname to some other
     # interface (and warning about it) before spark.driver.bindAddress applies.
@@ -250,12 +261,11 @@ def _first_line(exc: BaseException) -> str:
 
 
 class _StderrTee:
-    """A pipe to hand to the JVM as stderr: during start-up written to ``log`` (tail kept in memory), then
-    forwarded to our fd 2."""
+    """A pipe to hand to the JVM as stderr: during start-up written to the ``log`` file (tail kept in memory),
+    then forwarded to our fd 2."""
 
-    def __init__(self, log: Path, max_lines: int = 400) -> None:
-        log.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(log, "wb")  # closed by the pump when start-up ends or the JVM exits
+    def __init__(self, log: BinaryIO, max_lines: int = 400) -> None:
+        self._log = log  # closed when start-up ends or the JVM exits
         read_fd, self.write_fd = os.pipe()
         self._lines: deque[str] = deque(maxlen=max_lines)
         self._recording = True

@@ -79,7 +79,7 @@ class SparkSettings(BaseSettings):
 
     startup_log: Path | None = None
     """Where the JVM's start-up output goes (Ivy's resolution of the Delta jars among it), instead of the
-    terminal; an error during start-up names it. Default: ``jetsourcing-spark-startup-<pid>.log`` in the
+    terminal; an error during start-up names it. Default: a new ``jetsourcing-spark-startup-*.log`` in the
     temporary directory. After start-up, Spark's own warnings reach stderr as usual."""
 
     extra_conf: dict[str, str] = Field(default_factory=dict)

@@ -72,4 +72,4 @@ async def test_a_metrics_port_in_use_is_one_line(es: EventStore, psettings: Proj
         _, stderr = await asyncio.to_thread(proc.communicate, timeout=30)
     lines = stderr.decode().splitlines()
     assert proc.returncode == 1 and len(lines) == 1, lines
-    assert lines[0].startswith(f"jetsourcing: Cannot serve metrics on 0.0.0.0:{port}"), lines
+    assert lines[0].startswith(f"jetsourcing: Cannot serve metrics on 127.0.0.1:{port}"), lines
