@@ -524,13 +524,20 @@ class EventStore:
         name = self._stream_name(stream)
         if not isinstance(subjects_filter, str) or not subjects_filter or any(c in subjects_filter for c in " \t\r\n"):
             raise InvalidArgumentError(f"subjects_filter must be a NATS subject (wildcards allowed), not {subjects_filter!r}.")
-        info = await self._inbox.api(
-            Subjects(name).stream_info(), json.dumps({"subjects_filter": subjects_filter}).encode(),
-            self.settings.request_timeout_s, what=f"Counting the messages of stream {name!r}",
-        )
-        if info.get("error"):
-            raise StreamConfigError(f"Cannot read stream {name!r}: {info['error'].get('description')}.")
-        return {k: int(v) for k, v in ((info.get("state") or {}).get("subjects") or {}).items()}
+        counts: dict[str, int] = {}
+        while True:  # the server answers a page of subjects at a time (``total``, ``offset``, ``limit``)
+            info = await self._inbox.api(
+                Subjects(name).stream_info(),
+                json.dumps({"subjects_filter": subjects_filter, "offset": len(counts)}).encode(),
+                self.settings.request_timeout_s, what=f"Counting the messages of stream {name!r}",
+            )
+            if info.get("error"):
+                raise StreamConfigError(f"Cannot read stream {name!r}: {info['error'].get('description')}.")
+            page = (info.get("state") or {}).get("subjects") or {}
+            before = len(counts)
+            counts.update((k, int(v)) for k, v in page.items())
+            if len(counts) == before or len(counts) >= int(info.get("total") or 0):
+                return counts
 
     def _stream_name(self, stream: str | None) -> str:
         if stream is None:
