@@ -17,8 +17,11 @@ each is a ``main(argv)`` run with the arguments after its name.
 Projections are named by import path ``module:Class`` (the current directory
 is importable). The server comes from ``NATS_URL`` or ``--nats-url``; every
 setting can also be given as ``JETSOURCING_<FIELD>`` (see
-:class:`~projections.settings.ProjectionSettings`). Exit codes: 0 success,
-1 a projection stopped with an error or a rebuild failed, 2 usage errors.
+:class:`~projections.settings.ProjectionSettings`). Exit codes: 0 success
+(also when a reader of the output, such as ``head``, stopped reading), 1 a
+projection stopped with an error, a rebuild failed or the server could not
+be used, 2 usage errors (arguments, settings, import paths), 130 after
+Ctrl-C, 128 + the signal's number when a stop had to be forced.
 Every error ends the command with one line ``jetsourcing: <what is wrong and
 what to do>`` on stderr (an unreachable server within the request timeout);
 ``--debug`` adds the traceback.
@@ -28,7 +31,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
 import logging
 import sys
 import traceback
@@ -163,8 +168,12 @@ def _version() -> str:
         return "unknown"
 
 
+_BUILT_IN = frozenset({"run", "rebuild", "status"})
+
+
 def _plugins() -> dict[str, EntryPoint]:
-    return {entry.name: entry for entry in entry_points(group="jetsourcing.commands")}
+    # A package cannot take over a built-in command (nor break this parser by naming one twice).
+    return {e.name: e for e in entry_points(group="jetsourcing.commands") if e.name not in _BUILT_IN}
 
 
 def _run_plugin(entry: EntryPoint, argv: list[str]) -> int:
@@ -179,9 +188,11 @@ def _run_plugin(entry: EntryPoint, argv: list[str]) -> int:
         return int(command(rest))
     except KeyboardInterrupt:
         return 130
-    except ImportPathError as exc:
+    except BrokenPipeError:
+        return _reader_gone()
+    except (ImportPathError, ValidationError) as exc:
         return _fail(args, exc, 2)
-    except (EventStoreError, ValidationError, ImportError) as exc:
+    except (EventStoreError, ImportError) as exc:
         return _fail(args, exc, 1)
     except Exception as exc:  # noqa: BLE001 - one line, not a traceback (unless --debug)
         ours = type(exc).__module__.split(".")[0] in {"aggregates", "spark_projections", "projections", "eventstore"}
@@ -223,12 +234,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             if reactors:
                 print("\n" + format_reactor_status(reactors))
         return 0
-    except ProjectionLoadError as exc:
+    except (ProjectionLoadError, ValidationError) as exc:
         return _fail(args, exc, 2)
     except (ProjectionError, EventStoreError) as exc:
         return _fail(args, exc, 1)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        return _reader_gone()
     except Exception as exc:  # noqa: BLE001 - one line, not a traceback (unless --debug)
         return _fail(args, exc, 1, f"unexpected {type(exc).__name__}: ")
 
@@ -237,8 +250,22 @@ def _fail(args: argparse.Namespace, exc: Exception, code: int, kind: str = "") -
     """Report ``exc`` as one line on stderr (and its traceback with --debug); return the exit code."""
     if args.debug:
         traceback.print_exception(exc, file=sys.stderr)
-    print(f"jetsourcing: {kind}{exc}", file=sys.stderr)
+    if isinstance(exc, ValidationError):  # pydantic's own text spans several lines
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "a setting"
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        text = f"invalid setting {where}: {first['msg']} (given {first.get('input')!r}){more}."
+    else:
+        text = str(exc)
+    print(f"jetsourcing: {kind}{text}", file=sys.stderr)
     return code
+
+
+def _reader_gone() -> int:
+    """Whoever read our output stopped (``| head``): nothing more to say, and nothing to complain about."""
+    with contextlib.suppress(OSError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at the interpreter's exit
+    return 0
 
 
 if __name__ == "__main__":

@@ -112,7 +112,7 @@ async def test_serve_settings_are_checked_in_one_line(store: EventStore) -> None
     async with asyncio.timeout(30):
         _, stderr = await process.communicate()
     text = stderr.decode()
-    assert process.returncode == 1 and text.startswith("jetsourcing: ") and "max_in_flight" in text, text
+    assert process.returncode == 2 and text.startswith("jetsourcing: invalid setting max_in_flight") and text.count("\n") == 1, text
 
 
 async def test_serve_logs_json_and_counts_commands_in_its_metrics(store: EventStore) -> None:
@@ -143,3 +143,17 @@ async def test_serve_logs_json_and_counts_commands_in_its_metrics(store: EventSt
     }
     assert samples[("jetsourcing_command_seconds_count", (("subject", f"{prefix}.Account.Deposit"),))] == 1.0
     assert all(json.loads(line)["level"] for line in rest)  # the log lines after the ready one: JSON too
+
+
+async def test_a_bad_setting_is_a_usage_error_in_one_line(store: EventStore) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JETSOURCING_")}
+    env.update({"NATS_URL": store.settings.nats_url or "", "PYTHONPATH": str(ROOT)})
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "projections.cli", "serve", "samples.bank.commands:command_service",
+        "--max-in-flight", "0", env=env, stderr=asyncio.subprocess.PIPE,
+    )
+    async with asyncio.timeout(30):
+        _, stderr = await process.communicate()
+    lines = stderr.decode().splitlines()
+    assert process.returncode == 2 and len(lines) == 1, lines
+    assert lines[0].startswith("jetsourcing: invalid setting max_in_flight: ") and "(given 0)" in lines[0], lines

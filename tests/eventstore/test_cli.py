@@ -119,3 +119,15 @@ async def test_without_a_server_configured_a_command_says_so_and_starts_none(arg
     lines = err.decode().splitlines()
     assert process.returncode == 1 and len(lines) == 1, lines
     assert lines[0].startswith("jetsourcing: No NATS server configured: set NATS_URL"), lines
+
+
+async def test_a_reader_that_stops_early_is_no_error(store: EventStore) -> None:
+    await history(store)
+    shell = " ".join(f"'{a}'" for a in command(store, "events", "tail", "--no-follow", "-n", "100", "--json"))
+    process = await asyncio.create_subprocess_shell(
+        f"{shell} | head -1", env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    async with asyncio.timeout(30):
+        out, err = await process.communicate()
+    assert len(out.decode().splitlines()) == 1 and err.decode() == "", err.decode()
