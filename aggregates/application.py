@@ -97,7 +97,11 @@ class _Connecting(Generic[App]):
 
     async def _open(self) -> App:
         store = await EventStore.connect(self._settings or EventStoreSettings())
-        app = self._cls(store, **self._options)
+        try:
+            app = self._cls(store, **self._options)
+        except BaseException:
+            await store.close()  # a failed build leaves no connection (nor embedded server) behind
+            raise
         app._owns_store = True
         return app
 

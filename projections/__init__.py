@@ -28,6 +28,8 @@ from .errors import (
     RebuildError,
     RowError,
 )
+from eventstore import import_object  # where it was exported before it moved to eventstore
+
 from .loading import load_projection
 from .projection import ErrorPolicy, Projection, handles
 from .rebuild import RebuildResult, rebuild
@@ -102,6 +104,7 @@ __all__ = [
     "fold",
     "format_reactor_status",
     "format_status",
+    "import_object",
     "handles",
     "load_projection",
     "progress_for",

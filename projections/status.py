@@ -113,7 +113,9 @@ async def read_statuses(settings: ProjectionSettings) -> tuple[list[ProjectionSt
     try:
         es = await connect_event_store(settings)
     except (ProjectionError, EventStoreError):
-        return await read_status(settings), None  # what the read-model store alone knows
+        # What the read-model store alone knows (without a second wait for the same server).
+        return await read_status(settings.model_copy(update={"eventstore": settings.eventstore.model_copy(
+            update={"nats_url": None})})), None
     try:
         try:
             reactors: list[ReactorStatus] | None = await read_reactor_status(es)

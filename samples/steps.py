@@ -264,6 +264,8 @@ async def commands_over_nats(demo: Demo) -> None:
                 while b"serving " not in (line := await worker.stderr.readline()):
                     if not line:
                         raise RuntimeError(f"a command worker (pid {worker.pid}) ended before serving")
+        # Keep reading what the workers log, so that a full pipe never blocks one.
+        drains = [asyncio.create_task(_discard(w.stderr)) for w in workers if w.stderr is not None]
         report.done(f"{NATS_WORKERS} workers serve {prefix}.Account.{{OpenAccount,Deposit,Withdraw}} "
                     f"(pids {', '.join(str(w.pid) for w in workers)})")
         chosen = [c.account_id for c in demo.customers[:20]]
@@ -299,6 +301,7 @@ async def commands_over_nats(demo: Demo) -> None:
             codes = [await worker.wait() for worker in workers]
         report.check("on SIGTERM the workers drained and exited 0", codes == [0] * NATS_WORKERS,
                      f"exit codes {codes} in {time.monotonic() - started:.1f}s")
+        await asyncio.gather(*drains)
     finally:
         for worker in workers:
             if worker.returncode is None:
@@ -312,6 +315,11 @@ async def commands_over_nats(demo: Demo) -> None:
                  [(a, money(before[a]), money(after[a])) for a in chosen[:5]])
     report.check("the read model shows each balance raised by the deposits over NATS",
                  all(after[a] == before[a] + rounds * amount for a in chosen), f"{len(chosen)} accounts")
+
+
+async def _discard(stream: asyncio.StreamReader) -> None:
+    while await stream.readline():
+        pass
 
 
 # -- step 5: blue/green rebuild ------------------------------------------------------------
