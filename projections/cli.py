@@ -7,6 +7,8 @@
     jetsourcing rebuild myapp.views:AccountBalances                    # replay into a shadow, switch
     jetsourcing rebuild myapp.views:AccountBalances --resume           # go on after an interrupted one
     jetsourcing status [--json]
+    jetsourcing dead-letters list                                      # projections' and reactors' dead letters
+    jetsourcing dead-letters drop --projection balances --position 1042
     jetsourcing serve myapp.commands:service                           # commands over NATS (aggregates.cli)
     jetsourcing spark rebuild myapp.views:AccountBalances --root DIR   # Spark and Delta (spark_projections.cli)
 
@@ -46,6 +48,7 @@ from pydantic import ValidationError
 from eventstore import EventStoreError, EventStoreSettings, ImportPathError
 
 from .daemon import SignalShutdown, run_daemon
+from .dead_letter_commands import drop_dead_letters, format_dead_letters, read_dead_letters
 from .errors import ProjectionError, ProjectionLoadError
 from .loading import load_projection
 from .logs import configure_logging
@@ -106,6 +109,18 @@ def _parser() -> argparse.ArgumentParser:
         "status", parents=[common], help="checkpoints, lag and state of every projection, and the reactors",
         epilog="examples: jetsourcing status | jetsourcing status --json | jetsourcing status --watch 1",
     )
+    dead = commands.add_parser(
+        "dead-letters", parents=[common], help="the projections' and reactors' dead letters; drop handled ones",
+        epilog="examples: jetsourcing dead-letters list | jetsourcing dead-letters drop --projection balances "
+        "--position 1042 | jetsourcing dead-letters drop --reactor mailer --all",
+    )
+    dead.add_argument("action", choices=["list", "drop"])
+    dead.add_argument("--projection", help="drop: the projection's dead letters (its name)")
+    dead.add_argument("--reactor", help="drop: the reactor's dead letters (its name)")
+    dead.add_argument("--position", type=int, help="drop: the dead letters of the commit at this stream position")
+    dead.add_argument("--all", action="store_true", help="drop: every dead letter of the projection or reactor")
+    dead.add_argument("--json", action="store_true", help="list: print JSON instead of a table")
+
     status.add_argument("--json", action="store_true", help="print JSON instead of a table")
     status.add_argument("--watch", nargs="?", const=2.0, type=float, metavar="SECONDS",
                         help="a live table, refreshed every SECONDS (default 2) until Ctrl-C")
@@ -168,7 +183,7 @@ def _version() -> str:
         return "unknown"
 
 
-_BUILT_IN = frozenset({"run", "rebuild", "status"})
+_BUILT_IN = frozenset({"run", "rebuild", "status", "dead-letters"})
 
 
 def _plugins() -> dict[str, EntryPoint]:
@@ -219,6 +234,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"({result.events} events in {result.seconds:.1f}s, {result.events_per_s:,.0f} events/s, "
                   f"{result.dead_lettered} dead-lettered)")
             return 0
+        if args.command == "dead-letters":
+            return _dead_letters(args, settings)
         if not settings.database.exists():
             print(f"jetsourcing: no read-model database at {settings.database} (set --db or JETSOURCING_DATABASE).",
                   file=sys.stderr)
@@ -244,6 +261,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _reader_gone()
     except Exception as exc:  # noqa: BLE001 - one line, not a traceback (unless --debug)
         return _fail(args, exc, 1, f"unexpected {type(exc).__name__}: ")
+
+
+def _dead_letters(args: argparse.Namespace, settings: ProjectionSettings) -> int:
+    if args.action == "list":
+        entries, missing = asyncio.run(read_dead_letters(settings))
+        if args.json:
+            print(json.dumps({"dead_letters": [e.as_dict() for e in entries], "not_read": missing}, indent=2))
+        else:
+            print(format_dead_letters(entries))
+            if missing:
+                print(f"(not shown: {missing})")
+        return 0
+    if (args.position is None) == (not args.all):
+        raise ProjectionError("drop needs --position P (one commit's dead letters) or --all, not both.")
+    dropped = asyncio.run(drop_dead_letters(settings, projection=args.projection, reactor=args.reactor,
+                                            position=None if args.all else args.position))
+    print(f"dropped {dropped} dead letter(s) of {'projection' if args.projection else 'reactor'} "
+          f"{args.projection or args.reactor}")
+    return 0
 
 
 def _fail(args: argparse.Namespace, exc: Exception, code: int, kind: str = "") -> int:

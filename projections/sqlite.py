@@ -493,6 +493,16 @@ class SqliteStore(ReadModelStore):
         ).fetchall()
         return [DeadLetter(*row) for row in rows]
 
+    def drop_dead_letters(self, name: str, position: int | None) -> int:
+        live = self.live_generation(name)
+        if live is None:
+            return 0
+        where, params = "projection = ? AND generation = ?", [name, live.generation]
+        if position is not None:
+            where, params = where + " AND position = ?", [*params, position]
+        with self._write():
+            return self.conn.execute(f"DELETE FROM _jetsourcing_dead_letters WHERE {where}", params).rowcount
+
     def dump(self, name: str) -> dict[str, list[Row]]:
         live = self.live_generation(name)
         if live is None:

@@ -218,6 +218,11 @@ class ReadModelStore(ABC):
         """The dead letters of the live generation of ``name``, by position."""
 
     @abstractmethod
+    def drop_dead_letters(self, name: str, position: int | None) -> int:
+        """Forget the live generation's dead letters of ``name`` at ``position`` (every one when None), as
+        handled by hand; returns how many there were. The read model and its checkpoint are unchanged."""
+
+    @abstractmethod
     def dump(self, name: str) -> dict[str, list[Row]]:
         """Every row of every table of the live generation, as readers see them, sorted by key."""
 

@@ -5,7 +5,7 @@
 :mod:`.errors` the reactors' errors.
 """
 
-from .dead_letters import DeadLetterReason, ReactorDeadLetter, read_reactor_dead_letters
+from .dead_letters import DeadLetterReason, ReactorDeadLetter, drop_reactor_dead_letters, read_reactor_dead_letters
 from .status import ReactorStatus, format_reactor_status, read_reactor_status
 from .errors import DeadLetterStreamError, PoisonEvent, ReactorConfigError, ReactorConsumerError, ReactorError
 from .worker import Reactor, ReactorHandler, ReactorStart, ReactorStats, ReactorWorker, run_reactor
@@ -24,6 +24,7 @@ __all__ = [
     "ReactorStats",
     "ReactorStatus",
     "ReactorWorker",
+    "drop_reactor_dead_letters",
     "format_reactor_status",
     "read_reactor_dead_letters",
     "read_reactor_status",

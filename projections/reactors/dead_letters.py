@@ -35,11 +35,12 @@ from eventstore.wire import NATS_HEADER_PREFIX, DeadLetterHeader, decode_commit,
 from .errors import DeadLetterStreamError
 
 __all__ = [
-    "ReactorDeadLetter",
     "DeadLetterHeader",
     "DeadLetterReason",
+    "ReactorDeadLetter",
     "dead_letter_stream",
     "dead_letter_subject",
+    "drop_reactor_dead_letters",
     "ensure_dead_letter_stream",
     "publish_dead_letter",
     "read_reactor_dead_letters",
@@ -226,3 +227,18 @@ def _letter(store: EventStore, seq: int, headers: dict[str, str], data: bytes) -
         headers=headers,
         data=data,
     )
+
+
+async def drop_reactor_dead_letters(store: EventStore, reactor: str, position: int | None) -> int:
+    """Delete ``reactor``'s dead letters of the commit at stream ``position`` (every one when None) from the
+    dead-letter stream, as handled by hand; returns how many there were."""
+    letters = [d for d in await read_reactor_dead_letters(store, reactor) if position is None or d.position == position]
+    js = store.nc.jetstream(timeout=store.settings.request_timeout_s)
+    for letter in letters:
+        try:
+            await js.delete_msg(dead_letter_stream(store.settings), letter.dlq_position)
+        except (NatsError, asyncio.TimeoutError) as exc:
+            raise DeadLetterStreamError(
+                f"Could not delete the dead letter of position {letter.position} for reactor {reactor!r}: {exc}"
+            ) from exc
+    return len(letters)

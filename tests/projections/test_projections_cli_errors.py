@@ -82,7 +82,7 @@ async def test_spark_cli_reports_an_unusable_server_in_one_line_before_starting_
     assert elapsed < BOUND_S + 3, f"took {elapsed:.1f}s"  # + importing pyspark; Spark itself never starts
 
 
-@pytest.mark.parametrize("command", [(), ("run",), ("rebuild",), ("status",), ("serve",), ("events",), ("events", "tail"),
+@pytest.mark.parametrize("command", [(), ("run",), ("rebuild",), ("status",), ("dead-letters",), ("serve",), ("events",), ("events", "tail"),
                                      ("entity",), ("entity", "show"), ("spark",), ("spark", "check"),
                                      ("spark", "fetch-delta-jars"), ("spark", "rebuild"), ("spark", "update")])
 def test_every_level_of_help_has_examples(command: tuple[str, ...]) -> None:

@@ -1,0 +1,102 @@
+"""``jetsourcing dead-letters``: every dead letter of the projections and the reactors, and dropping handled ones.
+
+A projection's dead letters (``error_policy="dead_letter"``) live in its
+read-model store with the generation they belong to; a reactor's live in the
+dead-letter stream. ``list`` shows both; ``drop`` forgets the ones you have
+dealt with by hand, and changes nothing else (no read model, checkpoint or
+consumer moves).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from eventstore import EventStoreError
+
+from .connection import connect_event_store
+from .errors import ProjectionError
+from .reactors.dead_letters import drop_reactor_dead_letters, read_reactor_dead_letters
+from .settings import ProjectionSettings
+from .sqlite import SqliteStore
+
+__all__ = ["DeadLetterEntry", "drop_dead_letters", "format_dead_letters", "read_dead_letters"]
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterEntry:
+    """One dead letter, of a projection or of a reactor."""
+
+    kind: Literal["projection", "reactor"]
+    name: str
+    position: int
+    """The stream position of the commit given up on."""
+    stream: str
+    event_type: str
+    error: str
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-able form (``jetsourcing dead-letters list --json``)."""
+        return asdict(self)
+
+
+async def read_dead_letters(settings: ProjectionSettings) -> tuple[list[DeadLetterEntry], str | None]:
+    """Every dead letter: the projections' (when the read-model database exists) and the reactors' (when the
+    server can be asked), and a note saying what could not be read (None when everything was)."""
+    entries: list[DeadLetterEntry] = []
+    missing: list[str] = []
+    if settings.database.exists():
+        with SqliteStore(settings.database, busy_timeout_s=settings.sqlite_busy_timeout_s) as store:
+            for status in store.statuses():
+                entries += [
+                    DeadLetterEntry("projection", d.projection, d.position, d.stream_id, d.event_type,
+                                    d.error.splitlines()[0] if d.error else "")
+                    for d in store.dead_letters(status.projection)
+                ]
+    else:
+        missing.append(f"no read-model database at {settings.database}")
+    try:
+        es = await connect_event_store(settings)
+    except (ProjectionError, EventStoreError) as exc:
+        missing.append(f"the reactors' dead letters could not be read ({exc})")
+    else:
+        try:
+            entries += [
+                DeadLetterEntry("reactor", d.reactor, d.position, d.subject, ",".join(e.type for e in d.events) or "?",
+                                f"{d.reason.value}: {d.error}")
+                for d in await read_reactor_dead_letters(es)
+            ]
+        finally:
+            await es.close()
+    return entries, "; ".join(missing) or None
+
+
+async def drop_dead_letters(
+    settings: ProjectionSettings, *, projection: str | None = None, reactor: str | None = None,
+    position: int | None = None,
+) -> int:
+    """Forget the dead letters of ``projection`` or ``reactor`` (exactly one) at ``position`` (every one when
+    None); returns how many there were."""
+    if (projection is None) == (reactor is None):
+        raise ProjectionError("Name either a projection (--projection) or a reactor (--reactor) to drop from.")
+    if projection is not None:
+        if not settings.database.exists():
+            raise ProjectionError(f"No read-model database at {settings.database} (set --db or JETSOURCING_DATABASE).")
+        with SqliteStore(settings.database, busy_timeout_s=settings.sqlite_busy_timeout_s) as store:
+            return store.drop_dead_letters(projection, position)
+    assert reactor is not None
+    es = await connect_event_store(settings)
+    try:
+        return await drop_reactor_dead_letters(es, reactor, position)
+    finally:
+        await es.close()
+
+
+def format_dead_letters(entries: list[DeadLetterEntry]) -> str:
+    """A plain-text table, one dead letter per line (errors cut to one line of at most 80 characters)."""
+    if not entries:
+        return "No dead letters."
+    rows = [("kind", "name", "position", "stream", "type", "error")]
+    rows += [(e.kind, e.name, str(e.position), e.stream, e.event_type, e.error[:80]) for e in entries]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows)

@@ -1,0 +1,85 @@
+"""``jetsourcing dead-letters list|drop``: the projections' and the reactors' dead letters, from a shell."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+
+from pydantic import BaseModel
+
+from eventstore import EventStore, RecordedEvent, StreamId
+from projections import ErrorPolicy, PoisonEvent, ProjectionSettings, Reactor, read_status, run_reactor
+
+from projection_examples import ACCOUNT, AccountOpened, Corrupted, Deposited, FragileBalances
+from projection_helpers import ROOT, burst, cli, cli_env
+
+
+class Shipped(BaseModel):
+    n: int
+
+
+async def jetsourcing(settings: ProjectionSettings, *args: str) -> tuple[int, str, str]:
+    done = await asyncio.to_thread(
+        subprocess.run, cli(*args), env=cli_env(settings), cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    return done.returncode, done.stdout, done.stderr
+
+
+async def test_list_and_drop_a_projections_dead_letters(es: EventStore, psettings: ProjectionSettings) -> None:
+    await es.append(StreamId(ACCOUNT, "dl-1"), [AccountOpened(owner="o")])
+    bad = await es.append(StreamId(ACCOUNT, "dl-1"), [Deposited(amount=1), Corrupted(detail="x")])
+    lone = await es.append(StreamId(ACCOUNT, "dl-2"), [Corrupted(detail="y")])
+    settings = psettings.model_copy(update={"error_policy": ErrorPolicy.DEAD_LETTER})
+    await burst([FragileBalances()], settings, es)
+
+    code, out, err = await jetsourcing(settings, "dead-letters", "list", "--json")
+    assert code == 0, err
+    listed = json.loads(out)
+    assert listed["not_read"] is None
+    assert [(d["kind"], d["name"], d["position"], d["stream"], d["event_type"]) for d in listed["dead_letters"]] == [
+        ("projection", "fragile_balances", bad.position, "Account/dl-1", "Corrupted"),
+        ("projection", "fragile_balances", lone.position, "Account/dl-2", "Corrupted"),
+    ]
+    code, out, _ = await jetsourcing(settings, "dead-letters", "list")
+    assert out.splitlines()[0].split() == ["kind", "name", "position", "stream", "type", "error"]
+
+    code, out, err = await jetsourcing(settings, "dead-letters", "drop", "--projection", "fragile_balances",
+                                       "--position", str(bad.position))
+    assert (code, out.strip()) == (0, "dropped 1 dead letter(s) of projection fragile_balances"), err
+    [status] = await read_status(settings, event_store=es)
+    assert status.dead_letters == 1 and status.checkpoint == lone.position  # nothing else moved
+    code, out, _ = await jetsourcing(settings, "dead-letters", "drop", "--projection", "fragile_balances", "--all")
+    assert out.strip() == "dropped 1 dead letter(s) of projection fragile_balances"
+    code, out, _ = await jetsourcing(settings, "dead-letters", "list")
+    assert out.strip() == "No dead letters."
+
+
+async def test_list_and_drop_a_reactors_dead_letters(es: EventStore, psettings: ProjectionSettings) -> None:
+    es.registry.register(Shipped)
+    positions = [(await es.append(StreamId("Order", f"o{n}"), [Shipped(n=n)])).position for n in range(3)]
+
+    async def ship(event: RecordedEvent) -> None:
+        if event.data.n != 1:  # type: ignore[attr-defined]
+            raise PoisonEvent(f"order {event.data.n} cannot ship")  # type: ignore[attr-defined]
+
+    await asyncio.wait_for(run_reactor(es, Reactor("shipper", handler=ship), until_idle=True), 15)
+    code, out, err = await jetsourcing(psettings, "dead-letters", "list", "--json")
+    assert code == 0, err
+    letters = json.loads(out)["dead_letters"]
+    assert [(d["kind"], d["name"], d["position"]) for d in letters] == [
+        ("reactor", "shipper", positions[0]), ("reactor", "shipper", positions[2]),
+    ]
+    assert letters[0]["error"] == "poison: PoisonEvent: order 0 cannot ship"
+    code, out, err = await jetsourcing(psettings, "dead-letters", "drop", "--reactor", "shipper",
+                                       "--position", str(positions[2]))
+    assert (code, out.strip()) == (0, "dropped 1 dead letter(s) of reactor shipper"), err
+    code, out, _ = await jetsourcing(psettings, "dead-letters", "list", "--json")
+    assert [d["position"] for d in json.loads(out)["dead_letters"]] == [positions[0]]
+
+
+async def test_drop_needs_one_target_and_one_selection(psettings: ProjectionSettings) -> None:
+    for args in (("--projection", "p"), ("--projection", "p", "--position", "3", "--all"),
+                 ("--position", "3"), ("--projection", "p", "--reactor", "r", "--all")):
+        code, _, err = await jetsourcing(psettings, "dead-letters", "drop", *args)
+        assert code == 1 and len(err.splitlines()) == 1 and err.startswith("jetsourcing: "), (args, err)
