@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +28,7 @@ from nats.aio.client import Client as NATS
 from pydantic import BaseModel
 
 from eventstore import EventStore, InvalidArgumentError
+from eventstore.validation import check_seconds
 from eventstore.wire import check_metadata
 
 from .aggregate import Aggregate
@@ -84,7 +84,7 @@ class CommandClient:
             )
         self._nc = connection
         self.subject_prefix = check_prefix(subject_prefix)
-        self.timeout_s = _check_timeout(timeout_s)
+        self.timeout_s = check_seconds("timeout_s", timeout_s, 0.001, 3600.0)
 
     async def send(
         self,
@@ -119,7 +119,7 @@ class CommandClient:
         if correlation_id is not None:
             check_metadata("correlation_id", correlation_id)
             headers[CORRELATION_ID_HEADER] = correlation_id
-        timeout = self.timeout_s if timeout_s is None else _check_timeout(timeout_s)
+        timeout = self.timeout_s if timeout_s is None else check_seconds("timeout_s", timeout_s, 0.001, 3600.0)
         body = json.dumps({"aggregate_id": aggregate_id, "command": command.model_dump(mode="json")}).encode()
         try:
             reply = await self._nc.request(subject, body, timeout=timeout, headers=headers)
@@ -164,11 +164,3 @@ def _category(aggregate: object) -> str:
     if isinstance(aggregate, type) and issubclass(aggregate, Aggregate):
         return aggregate.category
     raise InvalidArgumentError(f"aggregate must be an Aggregate class or a category name, not {aggregate!r:.80}.")
-
-
-def _check_timeout(timeout_s: object) -> float:
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not (0 < timeout_s < math.inf):
-        raise InvalidArgumentError(f"timeout_s must be a finite number of seconds > 0, not {timeout_s!r:.80}.")
-    return float(timeout_s)
-
-

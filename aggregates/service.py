@@ -48,6 +48,8 @@ from eventstore import (
     stop_task,
 )
 
+from eventstore.validation import check_bool, check_int, check_seconds
+
 from .aggregate import Aggregate
 from .command_messages import (
     COMMAND_ID_HEADER,
@@ -108,12 +110,8 @@ class CommandService:
         self.store = store
         self.subject_prefix = check_prefix(subject_prefix)
         self.queue = check_name(queue, "queue group name")
-        if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 1:
-            raise InvalidArgumentError(f"max_in_flight must be an int >= 1, not {max_in_flight!r}.")
-        if isinstance(drain_timeout_s, bool) or not isinstance(drain_timeout_s, (int, float)) or not drain_timeout_s > 0:
-            raise InvalidArgumentError(f"drain_timeout_s must be a number of seconds > 0, not {drain_timeout_s!r}.")
-        self.max_in_flight = max_in_flight
-        self.drain_timeout_s = float(drain_timeout_s)
+        self.max_in_flight = check_int("max_in_flight", max_in_flight, 1, 100_000)
+        self.drain_timeout_s = check_seconds("drain_timeout_s", drain_timeout_s, 0.001, 3600.0)
         self._routes: dict[str, _Route[Any, Any]] = {}
         self._subs: list[Subscription] = []
         self._slots = asyncio.Semaphore(max_in_flight)
@@ -148,8 +146,7 @@ class CommandService:
             raise InvalidArgumentError(f"A command's model must be a pydantic BaseModel class, not {model!r:.80}.")
         if not callable(handler):
             raise InvalidArgumentError(f"A command's handler must be callable, not {handler!r:.80}.")
-        if not isinstance(create, bool):
-            raise InvalidArgumentError(f"create must be a bool, not {create!r:.80}.")
+        check_bool("create", create)
         if self._subs:
             raise InvalidArgumentError("Add commands before the service starts; it is already serving.")
         subject = command_subject(
@@ -209,8 +206,8 @@ class CommandService:
             await asyncio.wait(drains, timeout=self.drain_timeout_s)
         # Past the deadline, what is still queued is answered "unavailable" at once instead of run.
         self._refusing = True
+        await asyncio.gather(*(stop_task(draining, timeout_s=1.0) for draining in drains))
         for sub, draining in zip(subs, drains):
-            await stop_task(draining, timeout_s=1.0)
             if draining.done() and not draining.cancelled() and draining.exception() is not None:
                 log.debug("draining %s: %r", sub.subject, draining.exception())  # a closed connection: nothing arrives
         if self._running:
@@ -238,13 +235,10 @@ class CommandService:
                 task.add_done_callback(self._finished)
                 return
             self._slots.release()
-        COMMANDS.labels(msg.subject, "unavailable").inc()
-        if msg.reply:
-            with contextlib.suppress(Exception):
-                await self.store.nc.publish(msg.reply, json.dumps(_error(
-                    "unavailable", "The command service stopped before this command started: nothing ran. Send it "
-                    "again (another member of the queue group takes it).",
-                )).encode())
+        await self._reply(msg, _error(
+            "unavailable", "The command service stopped before this command started: nothing ran. Send it again "
+            "(another member of the queue group takes it).",
+        ))
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._running.discard(task)
@@ -258,25 +252,29 @@ class CommandService:
         try:
             answer = await self._run(msg)
         except asyncio.CancelledError:
-            COMMANDS.labels(msg.subject, "cancelled").inc()
             # Stopped past the drain timeout: tell the client now rather than let it wait for its timeout.
-            with contextlib.suppress(Exception):
-                await self.store.nc.publish(msg.reply, json.dumps(_error(
-                    "unavailable",
-                    "The command service stopped before the command finished: it was stored whole or not at all. "
-                    "Send it again with the same command id to find out (it runs at most once).",
-                )).encode())
+            await self._reply(msg, _error(
+                "unavailable", "The command service stopped before the command finished: it was stored whole or not "
+                "at all. Send it again with the same command id to find out (it runs at most once).",
+            ), outcome="cancelled")
             raise
         except Exception as exc:  # noqa: BLE001 - the last line of defence: a reply, never a dead service
             log.exception("command on %s failed", msg.subject)
             answer = _error("failed", f"The command's handler raised {type(exc).__name__}: {exc}", exc)
+        await self._reply(msg, answer)
+        COMMAND_SECONDS.labels(msg.subject).observe(time.perf_counter() - started)
+
+    async def _reply(self, msg: Msg, answer: dict[str, Any], outcome: str | None = None) -> None:
+        """Send ``answer`` to the requester, if it waits for one, and count it by its outcome."""
+        if outcome is None:
+            outcome = ("duplicate" if answer["duplicate"] else "ok") if answer["ok"] else answer["error"]
+        COMMANDS.labels(msg.subject, outcome).inc()
+        if not msg.reply:
+            return
         try:
             await self.store.nc.publish(msg.reply, json.dumps(answer).encode())
         except Exception as exc:  # noqa: BLE001 - the client is gone or the connection closed; it may resend
             log.warning("could not reply to a command on %s: %r", msg.subject, exc)
-        outcome = ("duplicate" if answer["duplicate"] else "ok") if answer["ok"] else answer["error"]
-        COMMANDS.labels(msg.subject, outcome).inc()
-        COMMAND_SECONDS.labels(msg.subject).observe(time.perf_counter() - started)
 
     async def _run(self, msg: Msg) -> dict[str, Any]:
         route = self._routes.get(msg.subject)

@@ -51,13 +51,9 @@ def server_settings(nats_url: str | None, stream: str | None, subject_prefix: st
     for the server: a command never starts an embedded server of its own, which would hold nothing."""
     given: dict[str, Any] = {k: v for k, v in (("nats_url", nats_url), ("stream", stream),
                                                ("subject_prefix", subject_prefix)) if v}
-    settings = EventStoreSettings(**given)
-    if not settings.nats_url:
-        raise InvalidArgumentError(
-            "No NATS server configured: set NATS_URL (or pass --nats-url). A command works on an existing event "
-            "store; an embedded server started here would be empty."
-        )
-    return settings
+    return EventStoreSettings(**given).require_server(
+        "A command works on an existing event store; an empty embedded server started here would hold nothing."
+    )
 
 
 def _settings(args: argparse.Namespace) -> EventStoreSettings:

@@ -22,6 +22,7 @@ from typing import Self
 from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from .errors import InvalidArgumentError
 from .security import ConnectionSecurity, check_url_credentials
 
 __all__ = ["EventStoreSettings"]
@@ -65,4 +66,11 @@ class EventStoreSettings(BaseSettings, ConnectionSecurity):
     @model_validator(mode="after")
     def _one_set_of_credentials(self) -> Self:
         check_url_credentials(self.nats_url, self)
+        return self
+
+    def require_server(self, why: str) -> Self:
+        """These settings, if they name a server; else :class:`~eventstore.InvalidArgumentError` saying ``why`` an
+        embedded server (which ``nats_url=None`` starts) would not do."""
+        if not self.nats_url:
+            raise InvalidArgumentError(f"No NATS server configured: set NATS_URL (or pass --nats-url). {why}")
         return self

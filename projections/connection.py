@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from eventstore import EventStore
 
-from .errors import ProjectionError
 from .settings import ProjectionSettings
 
 __all__ = ["connect_event_store", "lease_key"]
@@ -12,12 +11,9 @@ __all__ = ["connect_event_store", "lease_key"]
 
 async def connect_event_store(settings: ProjectionSettings) -> EventStore:
     """Connect to the configured server; projections never start an embedded server of their own."""
-    if not settings.eventstore.nats_url:
-        raise ProjectionError(
-            "No NATS server configured: set NATS_URL (or pass --nats-url). Projections follow an existing event "
-            "store; starting an empty embedded server here would follow nothing."
-        )
-    return await EventStore.connect(settings.eventstore)
+    return await EventStore.connect(settings.eventstore.require_server(
+        "Projections follow an existing event store; an empty embedded server started here would hold nothing."
+    ))
 
 
 def lease_key(store_id: str, projection: str, kind: str = "run") -> str:

@@ -19,6 +19,7 @@ from .errors import ProjectionError
 from .reactors.dead_letters import drop_reactor_dead_letters, read_reactor_dead_letters
 from .settings import ProjectionSettings
 from .sqlite import SqliteStore
+from .text import aligned
 
 __all__ = ["DeadLetterEntry", "drop_dead_letters", "format_dead_letters", "read_dead_letters"]
 
@@ -57,7 +58,7 @@ async def read_dead_letters(settings: ProjectionSettings) -> tuple[list[DeadLett
         missing.append(f"no read-model database at {settings.database}")
     try:
         es = await connect_event_store(settings)
-    except (ProjectionError, EventStoreError) as exc:
+    except EventStoreError as exc:
         missing.append(f"the reactors' dead letters could not be read ({exc})")
     else:
         try:
@@ -98,5 +99,4 @@ def format_dead_letters(entries: list[DeadLetterEntry]) -> str:
         return "No dead letters."
     rows = [("kind", "name", "position", "stream", "type", "error")]
     rows += [(e.kind, e.name, str(e.position), e.stream, e.event_type, e.error[:80]) for e in entries]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows)
+    return "\n".join(aligned(rows))

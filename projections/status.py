@@ -24,9 +24,9 @@ from typing import Any
 from eventstore import EventStore, EventStoreError
 
 from .connection import connect_event_store
-from .errors import ProjectionError
 from .reactors.status import ReactorStatus, read_reactor_status
 from .settings import ProjectionSettings
+from .text import aligned
 from .sqlite import SqliteStore
 from .store import GenerationState, ReadModelStore, RunState, StoredStatus
 
@@ -112,7 +112,7 @@ async def read_statuses(settings: ProjectionSettings) -> tuple[list[ProjectionSt
     """The projections' status and the reactors' (None when the server cannot be asked): ``jetsourcing status``."""
     try:
         es = await connect_event_store(settings)
-    except (ProjectionError, EventStoreError):
+    except EventStoreError:
         # What the read-model store alone knows (without a second wait for the same server).
         return await read_status(settings.model_copy(update={"eventstore": settings.eventstore.model_copy(
             update={"nats_url": None})})), None
@@ -192,8 +192,7 @@ def format_status(statuses: list[ProjectionStatus]) -> str:
             "?" if s.lag_s is None else f"{s.lag_s:.1f}",
             str(s.dead_letters),
         ))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
+    lines = aligned(rows)
     for s in statuses:
         if s.rebuild is not None:
             r = s.rebuild

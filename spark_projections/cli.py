@@ -141,7 +141,8 @@ def _rows_written(spark: SparkSession, root: str, name: str, result: WriteResult
     """``, N rows written`` (or inserted, updated, deleted) by the commit ``result`` made, from Delta's metrics."""
     if not result.applied:
         return ""
-    entry = next((e for e in table_history(spark, Path(root) / name) if e.version == result.table_version), None)
+    # The commit just made is the newest one, unless another writer committed since (then no figures).
+    entry = next((e for e in table_history(spark, Path(root) / name, limit=1) if e.version == result.table_version), None)
     metrics = entry.metrics if entry is not None else {}
     if "numOutputRows" in metrics and entry is not None and entry.operation != "MERGE":
         return f", {int(metrics['numOutputRows']):,} rows written"

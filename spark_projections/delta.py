@@ -269,8 +269,9 @@ def position_from_history(spark: SparkSession, path: PathLike, app_id: str) -> i
     return None
 
 
-def table_history(spark: SparkSession, path: PathLike) -> list[HistoryEntry]:
-    """The table's commits, newest first, with the jetsourcing metadata decoded.
+def table_history(spark: SparkSession, path: PathLike, limit: int | None = None) -> list[HistoryEntry]:
+    """The table's commits (the newest ``limit`` of them, or all), newest first, with the jetsourcing metadata
+    decoded.
 
     Empty when there is no Delta table at ``path``.
     """
@@ -278,7 +279,8 @@ def table_history(spark: SparkSession, path: PathLike) -> list[HistoryEntry]:
     if not DeltaTable.isDeltaTable(spark, target):
         return []
     # Delta returns the history newest first; collecting it is a local operation.
-    rows = DeltaTable.forPath(spark, target).history().collect()
+    table = DeltaTable.forPath(spark, target)
+    rows = (table.history() if limit is None else table.history(limit)).collect()
     entries = [_history_entry(row.asDict()) for row in rows]
     return sorted(entries, key=lambda entry: entry.version, reverse=True)
 

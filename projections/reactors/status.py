@@ -12,6 +12,7 @@ from typing import Any, Final
 
 from eventstore import EventStore, StreamConfigError
 
+from ..text import aligned
 from .dead_letters import dead_letter_stream, dead_letter_subject
 
 __all__ = ["REACTOR_METADATA", "ReactorStatus", "format_reactor_status", "read_reactor_status"]
@@ -66,5 +67,4 @@ def format_reactor_status(statuses: list[ReactorStatus]) -> str:
         return ""
     rows = [("reactor", "pending", "in flight", "redelivered", "dead letters")]
     rows += [(s.reactor, str(s.pending), str(s.ack_pending), str(s.redelivered), str(s.dead_letters)) for s in statuses]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows)
+    return "\n".join(aligned(rows))

@@ -333,6 +333,10 @@ class ReactorWorker:
         self.until_idle = until_idle
         self.name = name or reactor.name
         self.stats = ReactorStats()
+        # The reactor's metric counters, looked up once rather than per message.
+        self._delivered, self._redelivered, self._dead_lettered = (
+            metric.labels(reactor.name) for metric in (REACTOR_DELIVERIES, REACTOR_REDELIVERIES, REACTOR_DEAD_LETTERS)
+        )
         self._expires_s = pull_expires_s if pull_expires_s is not None else (0.25 if until_idle else 2.0)
         self._api_timeout_s = store.settings.request_timeout_s
         self._stream = store.settings.stream
@@ -657,10 +661,10 @@ class ReactorWorker:
         if self._stopping:
             await self._reply(msg, b"-NAK")  # arrived after stop(): hand it straight to another worker
             return
-        REACTOR_DELIVERIES.labels(self.reactor.name).inc()
+        self._delivered.inc()
         if delivery > 1:
             self.stats.redelivered += 1
-            REACTOR_REDELIVERIES.labels(self.reactor.name).inc()
+            self._redelivered.inc()
         reply = msg.reply
         self._flights[reply] = (msg, time.monotonic())
         try:
@@ -732,7 +736,7 @@ class ReactorWorker:
         await self._reply(msg, b"+TERM " + f"{reason.value}: {error}"[:500].encode())
         if stored:
             self.stats.dead_lettered += 1
-            REACTOR_DEAD_LETTERS.labels(self.reactor.name).inc()
+            self._dead_lettered.inc()
         log.warning(
             "reactor %s: position %d dead-lettered (%s) after %d deliveries: %s",
             self.reactor.name, position, reason.value, delivery, error,
@@ -770,7 +774,7 @@ class ReactorWorker:
             return
         if stored:
             self.stats.dead_lettered += 1
-            REACTOR_DEAD_LETTERS.labels(self.reactor.name).inc()
+            self._dead_lettered.inc()
             log.warning("reactor %s: position %d dead-lettered after %d deliveries without a verdict",
                         self.reactor.name, position, deliveries)
 

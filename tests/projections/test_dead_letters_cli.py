@@ -63,7 +63,8 @@ async def test_list_and_drop_a_reactors_dead_letters(es: EventStore, psettings: 
         if event.data.n != 1:  # type: ignore[attr-defined]
             raise PoisonEvent(f"order {event.data.n} cannot ship")  # type: ignore[attr-defined]
 
-    await asyncio.wait_for(run_reactor(es, Reactor("shipper", handler=ship), until_idle=True), 15)
+    async with asyncio.timeout(15):
+        await run_reactor(es, Reactor("shipper", handler=ship), until_idle=True)
     code, out, err = await jetsourcing(psettings, "dead-letters", "list", "--json")
     assert code == 0, err
     letters = json.loads(out)["dead_letters"]

@@ -236,7 +236,8 @@ async def test_status_watch_shows_projections_and_reactors_live_until_ctrl_c(
     async def ignore(event: RecordedEvent) -> None:
         pass
 
-    await asyncio.wait_for(run_reactor(es, Reactor("mailer", handler=ignore), until_idle=True), 15)
+    async with asyncio.timeout(15):
+        await run_reactor(es, Reactor("mailer", handler=ignore), until_idle=True)
     text = await asyncio.to_thread(
         subprocess.run, cli("status"), env=cli_env(psettings), cwd=ROOT, capture_output=True, text=True, timeout=30
     )

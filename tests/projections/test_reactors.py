@@ -398,7 +398,8 @@ async def test_a_consumer_created_without_the_reactor_mark_gets_it_and_shows_in_
     created = await store.durable_consumer("older").create(config)
     assert created.error is None, created.description
     assert await read_reactor_status(store) == []
-    stats = await asyncio.wait_for(run_reactor(store, reactor, until_idle=True), 15)
+    async with asyncio.timeout(15):
+        stats = await run_reactor(store, reactor, until_idle=True)
     assert stats.handled == 3
     assert await read_reactor_status(store) == [ReactorStatus("older", 0, 0, 0, 0)]
 
