@@ -4,8 +4,9 @@ If you are here to read the code, start with ``projection.py`` (defining a
 projection: handlers and declared tables), then ``tables.py`` and
 ``transaction.py`` (the backend-neutral API handlers write through, and the
 in-memory store Spark folds into), ``store.py`` (what a read-model backend
-must guarantee) and ``sqlite.py`` (the embedded backend: generations, views,
-checkpoint compare-and-set), ``source.py`` (reading whole commits, skipping
+must guarantee) ``sql.py`` (the SQL backends' generations, views and checkpoint
+compare-and-set) with its dialects ``sqlite.py`` (embedded) and ``postgres.py``,
+``backends.py`` (which one the settings select), ``source.py`` (reading whole commits, skipping
 unhandled ones undecoded), ``applier.py`` (batches, exactly once, error
 policies), ``daemon.py`` (runners, leases from ``lease.py``, signals),
 ``rebuild.py`` (shadow replay and atomic switch), ``status.py``, ``cli.py``,
@@ -34,7 +35,9 @@ from .loading import load_projection
 from .projection import ErrorPolicy, Projection, handles
 from .rebuild import RebuildResult, rebuild
 from .settings import ProjectionSettings
-from .sqlite import SqliteStore, SqliteTransaction
+from .backends import open_store
+from .sql import SqlTransaction
+from .sqlite import SqliteStore
 from .status import ProjectionStatus, format_status, read_status, read_statuses
 from .store import DeadLetter, ReadModelStore
 from .tables import Table
@@ -98,8 +101,9 @@ __all__ = [
     "RebuildResult",
     "RichProgress",
     "RowError",
+    "PostgresStore",
+    "SqlTransaction",
     "SqliteStore",
-    "SqliteTransaction",
     "Table",
     "Transaction",
     "drop_reactor_dead_letters",
@@ -109,6 +113,7 @@ __all__ = [
     "handles",
     "import_object",
     "load_projection",
+    "open_store",
     "progress_for",
     "read_reactor_dead_letters",
     "read_reactor_status",
@@ -118,3 +123,12 @@ __all__ = [
     "run_daemon",
     "run_reactor",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # PostgresStore needs psycopg (the [postgres] extra): imported on first use only.
+    if name == "PostgresStore":
+        from .postgres import PostgresStore
+
+        return PostgresStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

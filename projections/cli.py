@@ -47,6 +47,7 @@ from pydantic import ValidationError
 
 from eventstore import EventStoreError, EventStoreSettings, ImportPathError
 
+from .backends import store_exists
 from .daemon import SignalShutdown, run_daemon
 from .dead_letter_commands import drop_dead_letters, format_dead_letters, read_dead_letters
 from .errors import ProjectionError, ProjectionLoadError
@@ -66,7 +67,7 @@ __all__ = ["main"]
 
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--db", help="SQLite file of the read models (JETSOURCING_DATABASE)")
+    common.add_argument("--db", help="the read models: a SQLite file or a postgresql:// URL (JETSOURCING_DATABASE)")
     common.add_argument("--nats-url", help="NATS server URL(s) (NATS_URL)")
     common.add_argument("--stream", help="JetStream stream of the events (JETSOURCING_STREAM)")
     common.add_argument("--subject-prefix", help="subject prefix of the events (JETSOURCING_SUBJECT_PREFIX)")
@@ -236,8 +237,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if args.command == "dead-letters":
             return _dead_letters(args, settings)
-        if not settings.database.exists():
-            print(f"jetsourcing: no read-model database at {settings.database} (set --db or JETSOURCING_DATABASE).",
+        if not store_exists(settings):
+            print(f"jetsourcing: no read-model database at {settings.database_name} (set --db or JETSOURCING_DATABASE).",
                   file=sys.stderr)
             return 1
         if args.watch is not None:

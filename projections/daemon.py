@@ -34,9 +34,9 @@ import enum
 import logging
 import os
 import signal
-import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from functools import partial
 from typing import Any, TypeVar
 
 from nats.js.kv import KeyValue
@@ -44,6 +44,7 @@ from nats.js.kv import KeyValue
 from eventstore import EventStore, EventStoreError, RecordedEvent, Replayed, stop_task
 
 from .applier import Applier, Counters, error_report
+from .backends import open_store
 from .connection import connect_event_store, lease_key
 from .errors import CheckpointConflictError, ProjectionStoppedError, ReadModelMismatchError, RebuildError
 from .lease import Lease, new_owner_id, open_lease_bucket
@@ -52,7 +53,6 @@ from .progress import progress_for
 from .projection import Projection
 from .rebuild import rebuild
 from .settings import ProjectionSettings
-from .sqlite import SqliteStore
 from .store import Generation, ReadModelStore, RunState, Writer
 
 __all__ = ["Daemon", "Outcome", "ProjectionRunner", "SignalShutdown", "run_daemon"]
@@ -112,15 +112,14 @@ class ProjectionRunner:
 
     async def run(self) -> Outcome:
         """Run until stopped, caught up (burst mode) or failed; never raises for a handler failure."""
-        store = SqliteStore(
-            self.settings.database,
-            synchronous=self.settings.sqlite_synchronous,
-            busy_timeout_s=self.settings.sqlite_busy_timeout_s,
-            cache_rows=self.settings.row_cache_size,
-        )
         outcome = Outcome.STOPPED
         try:
-            store.ensure_live(self.projection, self.settings.eventstore.stream)
+            store = await asyncio.to_thread(open_store, self.settings)
+        except Exception as exc:  # noqa: BLE001 - one projection's failure must not stop the others
+            log.error("%s: cannot open the read-model store: %s", self.name, exc)
+            return Outcome.ERROR
+        try:
+            await store.offload(store.ensure_live, self.projection, self.settings.eventstore.stream)
             lease = Lease(self.kv, lease_key(store.store_id, self.name), self.owner, self.lease_ttl_s,
                           request_timeout_s=self.settings.eventstore.request_timeout_s)
             while not self.stop_event.is_set():
@@ -136,15 +135,20 @@ class ProjectionRunner:
         except Exception as exc:  # noqa: BLE001 - one projection's failure must not stop the others
             log.exception("%s: stopped by an unexpected error.", self.name)
             with contextlib.suppress(Exception):
-                store.set_state(
-                    self.name, RunState.ERROR, owner=self.owner, counters=self.counters.as_dict(),
-                    error={"error": f"{type(exc).__name__}: {exc}", "at": time.time()},
+                await store.offload(
+                    partial(store.set_state, self.name, RunState.ERROR, owner=self.owner,
+                            counters=self.counters.as_dict(),
+                            error={"error": f"{type(exc).__name__}: {exc}", "at": time.time()})
                 )
             outcome = Outcome.ERROR
         finally:
-            store.close()
+            await store.aclose()
             log.info("%s: %s -- %s", self.name, outcome.value, self.counters.summary())
         return outcome
+
+    async def _set_state(self, store: ReadModelStore, state: RunState, error: dict[str, Any] | None = None) -> None:
+        await store.offload(partial(store.set_state, self.name, state, owner=self.owner,
+                                    counters=self.counters.as_dict(), error=error))
 
     # -- owning the projection ----------------------------------------------
 
@@ -154,23 +158,23 @@ class ProjectionRunner:
             try:
                 writer = await self._claim(store, lease)
             except _Stopped:
-                store.set_state(self.name, RunState.STOPPED, owner=self.owner, counters=self.counters.as_dict())
+                await self._set_state(store, RunState.STOPPED)
                 return Outcome.STOPPED
             except ReadModelMismatchError as exc:
                 log.error("%s", exc)
-                store.set_state(self.name, RunState.ERROR, owner=self.owner, error={"error": str(exc), "at": time.time()})
+                await self._set_state(store, RunState.ERROR, {"error": str(exc), "at": time.time()})
                 return Outcome.ERROR
             try:
                 return await self._follow(store, writer, lease)
             except _Reload:
                 self.counters.conflicts += 1
-                writer.close()
+                await store.offload(writer.close)
                 if lease.lost.is_set() or not await lease.confirm():
                     return None
                 log.info("%s: the read model moved under this daemon (rebuild switch?); reloading.", self.name)
 
     async def _claim(self, store: ReadModelStore, lease: Lease) -> Writer:
-        gen = store.claim(self.name, self.owner)
+        gen = await store.offload(store.claim, self.name, self.owner)
         problem = self._mismatch(gen)
         if problem == "rebuild":
             if not self.settings.auto_rebuild:
@@ -189,13 +193,13 @@ class ProjectionRunner:
                 if self.stop_event.is_set():
                     raise _Stopped from None  # the half-built generation is kept to resume; readers keep the old model
                 raise
-            gen = store.claim(self.name, self.owner)
+            gen = await store.offload(store.claim, self.name, self.owner)
             problem = self._mismatch(gen)
         if problem:
             raise ReadModelMismatchError(problem)
         log.info("%s: owning generation %d (version %d) at checkpoint %d.", self.name, gen.generation, gen.version,
                  gen.checkpoint)
-        return store.writer(gen, self.owner)
+        return await store.offload(store.writer, gen, self.owner)
 
     def _mismatch(self, gen: Generation) -> str | None:
         p = self.projection
@@ -250,33 +254,32 @@ class ProjectionRunner:
                     try:
                         batch = task.result()
                     except StopAsyncIteration:
-                        await self._apply(applier, [], through=target)
+                        await self._apply(store, applier, [], through=target)
                         PROJECTION_CHECKPOINT.labels(self.name).set(writer.checkpoint)
-                        store.set_state(self.name, RunState.STOPPED, owner=self.owner, counters=self.counters.as_dict())
+                        await self._set_state(store, RunState.STOPPED)
                         log.info("%s: caught up to position %d.", self.name, writer.checkpoint)
                         return Outcome.CAUGHT_UP
                     if lease.lost.is_set():
                         raise _Reload  # never apply without the lease; the batch is read again by the next owner
                     self.counters.skipped += batch.skipped
                     try:
-                        await self._apply(applier, batch.events, through=batch.last_position)
+                        await self._apply(store, applier, batch.events, through=batch.last_position)
                         PROJECTION_EVENTS.labels(self.name).inc(len(batch.events))
                         PROJECTION_CHECKPOINT.labels(self.name).set(writer.checkpoint)
                     except ProjectionStoppedError as exc:
                         failure = exc.failure
                         log.error("%s\n%s", exc, failure.traceback)
-                        store.set_state(self.name, RunState.ERROR, owner=self.owner,
-                                        counters=self.counters.as_dict(), error=error_report(failure))
+                        await self._set_state(store, RunState.ERROR, error_report(failure))
                         return Outcome.ERROR
                 if self.stop_event.is_set():
-                    store.set_state(self.name, RunState.STOPPED, owner=self.owner, counters=self.counters.as_dict())
+                    await self._set_state(store, RunState.STOPPED)
                     return Outcome.STOPPED
                 if lease.lost.is_set():
                     raise _Reload
                 now = time.monotonic()
                 if now - last_touch >= interval:
                     last_touch = now
-                    if not writer.touch(self.counters.as_dict()):
+                    if not await store.offload(writer.touch, self.counters.as_dict()):
                         raise _Reload
                     if serving():
                         with contextlib.suppress(EventStoreError):  # a lost server shows in the daemon's own logs
@@ -294,18 +297,21 @@ class ProjectionRunner:
             if aclose is not None:
                 await stop_task(asyncio.ensure_future(aclose()), grace_s=timeout_s, timeout_s=timeout_s + 1.0)
 
-    async def _apply(self, applier: Applier, events: list[RecordedEvent], through: int | None = None) -> None:
-        """Apply one batch; a checkpoint conflict means reload; store failures are retried, then raised."""
+    async def _apply(
+        self, store: ReadModelStore, applier: Applier, events: list[RecordedEvent], through: int | None = None
+    ) -> None:
+        """Apply one batch (in the store's thread); a checkpoint conflict means reload; store failures are
+        retried, then raised."""
         for attempt in range(_STORE_RETRIES + 1):
             try:
                 if events:
-                    applier.apply(events, through)
+                    await store.offload(applier.apply, events, through)
                 elif through is not None:
-                    applier.advance(through)
+                    await store.offload(applier.advance, through)
                 return
             except CheckpointConflictError:
                 raise _Reload from None
-            except sqlite3.OperationalError as exc:
+            except store.transient_errors as exc:
                 if attempt == _STORE_RETRIES:
                     raise
                 log.warning("%s: read-model store failed (%s); retrying the batch.", self.name, exc)

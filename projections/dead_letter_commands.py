@@ -9,16 +9,18 @@ consumer moves).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from eventstore import EventStoreError
 
+from .backends import open_store, store_exists
 from .connection import connect_event_store
 from .errors import ProjectionError
 from .reactors.dead_letters import drop_reactor_dead_letters, read_reactor_dead_letters
 from .settings import ProjectionSettings
-from .sqlite import SqliteStore
 from .text import aligned
 
 __all__ = ["DeadLetterEntry", "drop_dead_letters", "format_dead_letters", "read_dead_letters"]
@@ -46,16 +48,10 @@ async def read_dead_letters(settings: ProjectionSettings) -> tuple[list[DeadLett
     server can be asked), and a note saying what could not be read (None when everything was)."""
     entries: list[DeadLetterEntry] = []
     missing: list[str] = []
-    if settings.database.exists():
-        with SqliteStore(settings.database, busy_timeout_s=settings.sqlite_busy_timeout_s) as store:
-            for status in store.statuses():
-                entries += [
-                    DeadLetterEntry("projection", d.projection, d.position, d.stream_id, d.event_type,
-                                    d.error.splitlines()[0] if d.error else "")
-                    for d in store.dead_letters(status.projection)
-                ]
+    if store_exists(settings):
+        entries += await asyncio.to_thread(_projection_dead_letters, settings)
     else:
-        missing.append(f"no read-model database at {settings.database}")
+        missing.append(f"no read-model database at {settings.database_name}")
     try:
         es = await connect_event_store(settings)
     except EventStoreError as exc:
@@ -81,16 +77,31 @@ async def drop_dead_letters(
     if (projection is None) == (reactor is None):
         raise ProjectionError("Name either a projection (--projection) or a reactor (--reactor) to drop from.")
     if projection is not None:
-        if not settings.database.exists():
-            raise ProjectionError(f"No read-model database at {settings.database} (set --db or JETSOURCING_DATABASE).")
-        with SqliteStore(settings.database, busy_timeout_s=settings.sqlite_busy_timeout_s) as store:
-            return store.drop_dead_letters(projection, position)
+        if not store_exists(settings):
+            raise ProjectionError(
+                f"No read-model database at {settings.database_name} (set --db or JETSOURCING_DATABASE).")
+
+        def drop() -> int:
+            with contextlib.closing(open_store(settings)) as store:
+                return store.drop_dead_letters(projection, position)
+
+        return await asyncio.to_thread(drop)
     assert reactor is not None
     es = await connect_event_store(settings)
     try:
         return await drop_reactor_dead_letters(es, reactor, position)
     finally:
         await es.close()
+
+
+def _projection_dead_letters(settings: ProjectionSettings) -> list[DeadLetterEntry]:
+    with contextlib.closing(open_store(settings)) as store:
+        return [
+            DeadLetterEntry("projection", d.projection, d.position, d.stream_id, d.event_type,
+                            d.error.splitlines()[0] if d.error else "")
+            for status in store.statuses()
+            for d in store.dead_letters(status.projection)
+        ]
 
 
 def format_dead_letters(entries: list[DeadLetterEntry]) -> str:

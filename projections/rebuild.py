@@ -41,13 +41,13 @@ from nats.js.kv import KeyValue
 from eventstore import EventStore, ServerUnavailableError
 
 from .applier import Applier, Counters
+from .backends import open_store
 from .connection import connect_event_store, lease_key
 from .errors import ProjectionError, RebuildError
 from .lease import Lease, new_owner_id, open_lease_bucket
 from .progress import NoProgress, ProgressReporter
 from .projection import Projection
 from .settings import ProjectionSettings
-from .sqlite import SqliteStore
 from .store import ReadModelStore, Writer
 
 __all__ = ["RebuildResult", "rebuild"]
@@ -98,12 +98,12 @@ async def rebuild(
     own_es = event_store is None
     es = event_store or await connect_event_store(settings)
     own_store = store is None
-    rm: ReadModelStore = store or SqliteStore(
-        settings.database,
-        synchronous=settings.sqlite_synchronous,
-        busy_timeout_s=settings.sqlite_busy_timeout_s,
-        cache_rows=settings.row_cache_size,
-    )
+    try:
+        rm = store if store is not None else await asyncio.to_thread(open_store, settings)
+    except BaseException:
+        if own_es:
+            await es.close()
+        raise
     try:
         projection.bind(es.registry)
         if kv is None:
@@ -127,21 +127,21 @@ async def rebuild(
             await lease.release()
     finally:
         if own_store:
-            rm.close()
+            await rm.aclose()
         if own_es:
             await es.close()
 
 
-def _abandon(rm: ReadModelStore, writer: Writer, owner: str, *, keep: bool) -> None:
+async def _abandon(rm: ReadModelStore, writer: Writer, owner: str, *, keep: bool) -> None:
     """Release an unfinished shadow for a later resume (``keep``), or drop it."""
     shadow = writer.generation
     try:
         if keep:
-            rm.release_shadow(shadow, owner)
+            await rm.offload(rm.release_shadow, shadow, owner)
             log.info("%s: kept generation %d at position %d for a resumed rebuild.", shadow.projection,
                      shadow.generation, writer.checkpoint)
         else:
-            rm.discard(shadow.projection, shadow.generation)
+            await rm.offload(rm.discard, shadow.projection, shadow.generation)
     except Exception:  # noqa: BLE001 - the next rebuild drops or takes it over anyway
         log.warning("%s: could not %s the abandoned generation %d.", shadow.projection, "release" if keep else "drop",
                     shadow.generation)
@@ -175,17 +175,17 @@ async def _rebuild(
     resume: bool,
 ) -> RebuildResult:
     stream = settings.eventstore.stream
-    rm.ensure_live(projection, stream)
+    await rm.offload(rm.ensure_live, projection, stream)
     started = time.monotonic()
     target = await es.last_position()
-    shadow = rm.resume_shadow(projection, stream, owner, target) if resume else None
+    shadow = await rm.offload(rm.resume_shadow, projection, stream, owner, target) if resume else None
     if shadow is not None:
         log.info("%s: resuming generation %d from checkpoint %d (positions up to %d).", projection.name,
                  shadow.generation, shadow.checkpoint, target)
     else:
-        shadow = rm.create_shadow(projection, stream, owner, target)
+        shadow = await rm.offload(rm.create_shadow, projection, stream, owner, target)
         log.info("%s: rebuilding into generation %d (positions 1..%d).", projection.name, shadow.generation, target)
-    writer = rm.writer(shadow, owner)
+    writer = await rm.offload(rm.writer, shadow, owner)
     counters = Counters()
     applier = Applier(projection, writer, settings.error_policy or projection.error_policy, counters)
     batch = settings.rebuild_batch_size
@@ -202,17 +202,14 @@ async def _rebuild(
                 if stop.is_set():
                     raise RebuildError(f"Rebuild of {projection.name!r} cancelled; readers still see the old model.")
                 counters.skipped += events.skipped
-                applier.apply(events.events, through=events.last_position)
+                await rm.offload(applier.apply, events.events, events.last_position)
                 progress.update(writer.checkpoint)
-                # Buffered batches arrive without a real suspension: let other tasks (lease keep-alive,
-                # other projections, signals) run between batches.
-                await asyncio.sleep(0)
-            applier.advance(upto)
+            await rm.offload(applier.advance, upto)
             progress.update(writer.checkpoint)
             if stop.is_set():
                 raise RebuildError(f"Rebuild of {projection.name!r} cancelled; readers still see the old model.")
             # The shadow has every event up to `upto`: switch if that covers what the live model has applied.
-            if rm.switch(writer.generation):
+            if await rm.offload(rm.switch, writer.generation):
                 switched = True
                 break
             upto = await es.last_position()
@@ -224,7 +221,7 @@ async def _rebuild(
         interrupted = (stop.is_set() or lease.lost.is_set() or isinstance(exc, ServerUnavailableError)
                        or not isinstance(exc, Exception))
         if not switched:
-            _abandon(rm, writer, owner, keep=interrupted)
+            await _abandon(rm, writer, owner, keep=interrupted)
         if not isinstance(exc, Exception):
             raise
         kept = (f" Its progress (generation {shadow.generation}, position {writer.checkpoint} of {target}) is kept: "
@@ -240,7 +237,7 @@ async def _rebuild(
         ) from exc
     finally:
         progress.finish()
-        writer.close()
+        await rm.offload(writer.close)
     seconds = time.monotonic() - started
     result = RebuildResult(
         projection.name,

@@ -12,10 +12,11 @@ come from the nested :class:`~eventstore.EventStoreSettings` (``NATS_URL``,
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from eventstore import EventStoreSettings
@@ -23,6 +24,9 @@ from eventstore import EventStoreSettings
 from .projection import ErrorPolicy
 
 __all__ = ["ProjectionSettings"]
+
+_URL = re.compile(r"^postgres(ql)?://", re.IGNORECASE)
+_PASSWORD = re.compile(r"^([a-z]+://[^:/@]*):[^@]*@", re.IGNORECASE)
 
 
 class ProjectionSettings(BaseSettings):
@@ -33,7 +37,11 @@ class ProjectionSettings(BaseSettings):
     eventstore: EventStoreSettings = Field(
         default_factory=EventStoreSettings, description="Server URL and stream (NATS_URL, JETSOURCING_STREAM, ...)."
     )
-    database: Path = Field(default=Path("jetsourcing.sqlite3"), description="The SQLite file holding the read models.")
+    database: Path | str = Field(
+        default=Path("jetsourcing.sqlite3"),
+        description="Where the read models live: a SQLite file (the default, embedded), or a PostgreSQL URL "
+        "(postgresql://user:password@host:5432/db).",
+    )
     batch_size: int = Field(default=1000, ge=1, le=100_000, description="Events per pull request while following.")
     rebuild_batch_size: int = Field(default=10_000, ge=1, le=100_000, description="Events per pull request in rebuilds.")
     error_policy: ErrorPolicy | None = Field(
@@ -64,4 +72,37 @@ class ProjectionSettings(BaseSettings):
         default="NORMAL", description="NORMAL survives process crashes; FULL also power loss (slower)."
     )
     sqlite_busy_timeout_s: float = Field(default=30.0, gt=0, description="How long a write waits for another writer.")
+    postgres_schema: str = Field(
+        default="public", pattern=r"^[a-z_][a-z0-9_]{0,62}$",
+        description="The PostgreSQL schema holding the read models (created if missing).",
+    )
+    postgres_timeout_s: float = Field(
+        default=30.0, gt=0, description="PostgreSQL: how long connecting, one statement or one lock wait may take."
+    )
     row_cache_size: int = Field(default=100_000, ge=0, description="Committed rows a writer keeps in memory.")
+
+    @field_validator("database", mode="before")
+    @classmethod
+    def _database(cls, value: object) -> object:
+        """A PostgreSQL URL stays a string; anything else names a SQLite file."""
+        if isinstance(value, str):
+            if not value.strip():
+                raise ValueError("give a SQLite file or a postgresql:// URL")
+            if not _URL.match(value):
+                if "://" in value:
+                    raise ValueError(f"{value.split('://')[0]}:// is not a read-model database: use a SQLite file "
+                                     "path or a postgresql:// URL")
+                return Path(value)
+        return value
+
+    @property
+    def postgres_url(self) -> str | None:
+        """The PostgreSQL URL when the read models live in PostgreSQL, else None."""
+        return self.database if isinstance(self.database, str) else None
+
+    @property
+    def database_name(self) -> str:
+        """The database, for messages: the file, or the URL without its password."""
+        if isinstance(self.database, str):
+            return _PASSWORD.sub(r"\1***@", self.database)
+        return str(self.database)

@@ -16,6 +16,8 @@ recorded: the lag in seconds). ``state`` is one of:
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -23,11 +25,11 @@ from typing import Any
 
 from eventstore import EventStore, EventStoreError
 
+from .backends import open_store
 from .connection import connect_event_store
 from .reactors.status import ReactorStatus, read_reactor_status
 from .settings import ProjectionSettings
 from .text import aligned
-from .sqlite import SqliteStore
 from .store import GenerationState, ReadModelStore, RunState, StoredStatus
 
 __all__ = ["ProjectionStatus", "RebuildStatus", "format_status", "read_status", "read_statuses"]
@@ -80,13 +82,10 @@ async def read_status(
 ) -> list[ProjectionStatus]:
     """The status of every projection in the store (``settings.database`` unless ``store`` is given)."""
     settings = settings or ProjectionSettings()
-    own_store = store is None
-    rm = store or SqliteStore(settings.database, busy_timeout_s=settings.sqlite_busy_timeout_s)
-    try:
-        stored = rm.statuses()
-    finally:
-        if own_store:
-            rm.close()
+    if store is not None:
+        stored = await store.offload(store.statuses)
+    else:
+        stored = await asyncio.to_thread(_stored_statuses, settings)
     es = event_store
     own_es = False
     if es is None and settings.eventstore.nats_url:
@@ -106,6 +105,11 @@ async def read_status(
     finally:
         if own_es and es is not None:
             await es.close()
+
+
+def _stored_statuses(settings: ProjectionSettings) -> list[StoredStatus]:
+    with contextlib.closing(open_store(settings)) as store:
+        return store.statuses()
 
 
 async def read_statuses(settings: ProjectionSettings) -> tuple[list[ProjectionStatus], list[ReactorStatus] | None]:

@@ -17,16 +17,22 @@ nothing and raises :class:`~projections.errors.CheckpointConflictError`.
 
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from functools import partial
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from .tables import Row
+from .tables import Key, Row
 from .transaction import BufferedTransaction
 
 if TYPE_CHECKING:
     from .projection import Projection
+
+T = TypeVar("T")
 
 __all__ = [
     "DeadLetter",
@@ -152,6 +158,32 @@ class ReadModelStore(ABC):
     store_id: str
     """A stable id of this database: leases are taken per (store, projection)."""
 
+    transient_errors: tuple[type[Exception], ...] = ()
+    """The store's errors that a retry of the same batch may overcome (a busy database, a lost connection)."""
+
+    _thread: ThreadPoolExecutor | None = None
+
+    async def offload(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` -- a call on this store, its writers or their transactions -- run in the store's own
+        thread, after every call offloaded before it: async code never waits on the database in the event loop.
+
+        A cancelled caller stops waiting, but a call that has started runs to its end (it is bounded by the
+        store's timeouts), so the next call never overlaps it.
+        """
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(1, thread_name_prefix="jetsourcing-store")
+        return await asyncio.get_running_loop().run_in_executor(self._thread, partial(fn, *args))
+
+    async def aclose(self) -> None:
+        """:meth:`close`, after every offloaded call; it happens even when the caller is cancelled meanwhile."""
+        if self._thread is None:
+            self.close()
+            return
+        thread, self._thread = self._thread, None
+        closed = thread.submit(self.close)
+        thread.shutdown(wait=False)
+        await asyncio.wrap_future(closed)
+
     @abstractmethod
     def ensure_live(self, projection: "Projection", stream: str) -> Generation:
         """The projection's live generation, created empty (checkpoint 0) on first use."""
@@ -221,6 +253,17 @@ class ReadModelStore(ABC):
     def drop_dead_letters(self, name: str, position: int | None) -> int:
         """Forget the live generation's dead letters of ``name`` at ``position`` (every one when None), as
         handled by hand; returns how many there were. The read model and its checkpoint are unchanged."""
+
+    @abstractmethod
+    def get(self, table: str, key: Key) -> Row | None:
+        """The row with ``key`` of the live read-model table ``table`` (as readers see it), or None.
+
+        ``key`` is the key column's value, or a tuple of the key columns' values.
+        """
+
+    @abstractmethod
+    def rows(self, table: str, where: Mapping[str, Any] | None = None) -> list[Row]:
+        """The rows of the live read-model table ``table`` whose columns equal ``where``'s values, sorted by key."""
 
     @abstractmethod
     def dump(self, name: str) -> dict[str, list[Row]]:

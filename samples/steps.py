@@ -79,6 +79,7 @@ class Demo:
     @property
     def database(self) -> Path:
         """The SQLite file of the read models."""
+        assert isinstance(self.psettings.database, Path), "the demo keeps its read models in SQLite"
         return self.psettings.database
 
     def query(self, sql: str, params: Sequence[object] = ()) -> list[tuple[Any, ...]]:

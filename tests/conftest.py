@@ -1,4 +1,5 @@
-"""Shared fixtures: one real nats-server per test session, an isolated stream per test.
+"""Shared fixtures: one real nats-server (and, for the tests that ask, one PostgreSQL) per test session, an
+isolated stream (and schema) per test.
 
 Set NATS_URL to run the suite against an external server or cluster instead.
 """
@@ -58,6 +59,14 @@ def cluster(cluster_session: EmbeddedCluster) -> EmbeddedCluster:
     """The session's 3-node cluster with every node running (tests kill and stop nodes; this brings them back)."""
     cluster_session.start()
     return cluster_session
+
+
+@pytest.fixture(scope="session")
+def postgres_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The session's PostgreSQL server (the suite starts its own: never skipped); tests isolate by schema."""
+    from tests.support.postgres import start_postgres
+
+    return start_postgres(tmp_path_factory.mktemp("postgres") / "data")
 
 
 @pytest.fixture(scope="session")

@@ -1,18 +1,17 @@
-"""One contract suite for the handler API (:class:`Transaction`), run against every backend.
-
-A PostgreSQL store would join the ``backend`` fixture's parameters and pass the same tests.
-"""
+"""One contract suite for the handler API (:class:`Transaction`) and the stores' exactly-once rules, run
+against every backend: the in-memory store, SQLite and a real PostgreSQL server."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
 import pytest
 
 from eventstore import RecordedEvent, StreamId, TypeRegistry
-from projections import ErrorPolicy, MemoryStore, RowError, SqliteStore, Table
+from projections import ErrorPolicy, MemoryStore, PostgresStore, ReadModelStore, RowError, SqliteStore, Table
 from projections.applier import Applier, Counters
 from projections.errors import CheckpointConflictError
 from projections.projection import Projection
@@ -20,6 +19,10 @@ from projections.store import Writer
 from projections.transaction import BufferedTransaction
 
 from projection_examples import AccountBalances
+from tests.support.postgres import unique_schema
+
+StoreFactory = Callable[[], ReadModelStore]
+"""Opens another connection to the same read-model database."""
 
 
 class Example(Projection):
@@ -59,12 +62,11 @@ class MemoryBackend:
         pass
 
 
-class SqliteBackend:
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.store = SqliteStore(path)
+class StoreBackend:
+    def __init__(self, connect: StoreFactory) -> None:
+        self.connect = connect
+        self.store = connect()
         self.store.ensure_live(Example(), "S")
-        self.store.claim("contract", "me")
         self.writer: Writer = self.store.writer(self.store.claim("contract", "me"), "me")
         self.position = 0
 
@@ -79,26 +81,41 @@ class SqliteBackend:
         tx.rollback()  # type: ignore[attr-defined]
 
     def committed(self, table: str, key: Any) -> dict[str, Any] | None:
-        with SqliteStore(self.path) as reader:  # another connection: what readers see
-            rows = reader.dump("contract")[table]
-        spec = Example.tables[0] if table == "people" else Example.tables[1]
-        return next((r for r in rows if spec.key_of(r) == key), None)
+        reader = self.connect()  # another connection: what readers see
+        try:
+            return reader.get(table, key)
+        finally:
+            reader.close()
 
     def restart(self) -> None:
-        """Forget every cached row: reads must come from the file."""
+        """Forget every cached row: reads must come from the database."""
         self.store.close()
-        self.store = SqliteStore(self.path)
+        self.store = self.connect()
         self.writer = self.store.writer(self.store.claim("contract", "me"), "me")
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+def _factory(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> StoreFactory:
+    """Connections to one fresh read-model database: a SQLite file, or a PostgreSQL schema of its own."""
+    if kind == "sqlite":
+        path = tmp_path / "contract.sqlite3"
+        return lambda: SqliteStore(path)
+    url, schema = request.getfixturevalue("postgres_url"), unique_schema()
+    return lambda: PostgresStore(url, schema=schema, timeout_s=10)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def connect(request: pytest.FixtureRequest, tmp_path: Path) -> StoreFactory:
+    return _factory(request.param, request, tmp_path)
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
     if request.param == "memory":
         yield MemoryBackend()
-    else:
-        b = SqliteBackend(tmp_path / "contract.sqlite3")
-        yield b
-        b.store.close()
+        return
+    b = StoreBackend(_factory(request.param, request, tmp_path))
+    yield b
+    b.store.close()
 
 
 ALICE = {"name": "Alice", "age": 30, "score": 1.5, "active": True, "photo": b"\x00\x01"}
@@ -220,14 +237,15 @@ def test_rows_that_do_not_fit_the_declaration_are_refused_the_same_way(
         tx.upsert(table, key, row)
 
 
-def test_sqlite_checkpoint_is_a_compare_and_set(tmp_path: Path) -> None:
-    b = SqliteBackend(tmp_path / "cas.sqlite3")
+def test_the_checkpoint_is_a_compare_and_set(connect: StoreFactory) -> None:
+    b = StoreBackend(connect)
     tx = b.begin()
     tx.upsert("people", "a", ALICE)
     b.commit(tx)
     # Another owner claims the projection (e.g. after our lease expired): our next commit must change nothing.
-    with SqliteStore(b.path) as other:
-        other.claim("contract", "someone-else")
+    other = connect()
+    other.claim("contract", "someone-else")
+    other.close()
     tx = b.begin()
     tx.upsert("people", "b", {"name": "Bob"})
     with pytest.raises(CheckpointConflictError):
@@ -241,9 +259,9 @@ def _balance(account: str) -> dict[str, Any]:
             "overdrawn": False}
 
 
-def test_a_resumed_shadow_belongs_to_its_new_builder_alone(tmp_path: Path) -> None:
+def test_a_resumed_shadow_belongs_to_its_new_builder_alone(connect: StoreFactory) -> None:
     projection = AccountBalances()
-    with SqliteStore(tmp_path / "resume.sqlite3") as store:
+    with contextlib.closing(connect()) as store:
         store.ensure_live(projection, "S")
         shadow = store.create_shadow(projection, "S", "first", 10)
         first = store.writer(shadow, "first")
@@ -270,13 +288,14 @@ def test_a_resumed_shadow_belongs_to_its_new_builder_alone(tmp_path: Path) -> No
         assert store.resume_shadow(Bumped(), "S", "third", 20) is None
 
 
-def test_sqlite_raw_sql_escape_hatch_runs_in_the_batch_transaction(tmp_path: Path) -> None:
-    b = SqliteBackend(tmp_path / "raw.sqlite3")
+def test_the_raw_sql_escape_hatch_runs_in_the_batch_transaction(connect: StoreFactory) -> None:
+    b = StoreBackend(connect)
+    placeholder = "?" if isinstance(b.store, SqliteStore) else "%s"
     tx = b.begin()
     tx.upsert("people", "a", ALICE)
     rows = tx.execute("SELECT count(*) FROM {people}")  # type: ignore[attr-defined]
     assert rows == [(1,)]  # pending writes are flushed first
-    tx.execute("UPDATE {people} SET age = age + 1 WHERE id = ?", ("a",))  # type: ignore[attr-defined]
+    tx.execute(f"UPDATE {{people}} SET age = age + 1 WHERE id = {placeholder}", ("a",))  # type: ignore[attr-defined]
     assert tx.get("people", "a")["age"] == 31  # type: ignore[index]
     b.rollback(tx)
     assert b.committed("people", "a") is None
@@ -290,12 +309,11 @@ def test_sqlite_raw_sql_escape_hatch_runs_in_the_batch_transaction(tmp_path: Pat
 
 
 def test_a_handler_failing_because_its_generation_was_switched_away_is_a_conflict_not_a_poison_event(
-    tmp_path: Path,
+    connect: StoreFactory,
 ) -> None:
-    path = tmp_path / "switch.sqlite3"
     projection = AccountBalances()
     projection.bind(TypeRegistry())
-    live_store = SqliteStore(path)
+    live_store = connect()
     live_store.ensure_live(projection, "S")
     writer = live_store.writer(live_store.claim(projection.name, "daemon"), "daemon")
     applier = Applier(projection, writer, ErrorPolicy.DEAD_LETTER, Counters())
@@ -304,7 +322,7 @@ def test_a_handler_failing_because_its_generation_was_switched_away_is_a_conflic
         return RecordedEvent(position, 0, StreamId("Account", f"a{position}"), 1, "Deposited", 1, "id", b'{"amount":1}',
                              "2025-01-01T00:00:00+00:00", registry=None)
 
-    with SqliteStore(path) as rebuild_store:  # another process rebuilds and switches; gen 1's tables are dropped
+    with contextlib.closing(connect()) as rebuild_store:  # another process rebuilds and switches; gen 1 is dropped
         shadow = rebuild_store.create_shadow(projection, "S", "rebuild", 0)
         assert rebuild_store.switch(shadow)
     # The handler's get() now fails on the dropped table (or .data without a registry): not the event's fault.

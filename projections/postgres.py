@@ -1,0 +1,153 @@
+"""Read models in PostgreSQL: the production store, selected by ``JETSOURCING_DATABASE=postgresql://...``.
+
+The layout and the exactly-once commit are :mod:`projections.sql`'s, in one
+schema (``public`` unless ``JETSOURCING_POSTGRES_SCHEMA`` says otherwise):
+``balances__g<n>`` tables, ``balances`` views for readers, ``_jetsourcing_*``
+bookkeeping. Here:
+
+* A write to the generations takes a transaction-level advisory lock of the
+  schema (one at a time, across processes) and reads the generation rows it
+  decides on ``FOR UPDATE``; a batch's commit locks its generation's row
+  with the compare-and-set, so a switch and a commit are always ordered.
+* Views are re-created inside the switch's transaction: PostgreSQL's DDL is
+  transactional, so a reader sees the old model or the new one, never a mix.
+* Every wait ends: connecting within ``timeout_s``, each statement and each
+  lock wait within ``timeout_s``, and TCP keep-alives notice a dead server.
+* Committed batches are durable as PostgreSQL's ``synchronous_commit`` says
+  (on, by default).
+
+psycopg 3 (``pip install 'jetsourcing[postgres]'``) is used synchronously:
+handlers are plain functions shared with SQLite and Spark, so the daemon
+runs each batch, and every other store call, in the store's own thread
+(:mod:`projections.offload`), never on the event loop.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from functools import lru_cache
+from typing import Any
+
+from .errors import ProjectionError
+from .sql import SqlStore, quote
+
+try:
+    import psycopg
+except ImportError as exc:  # pragma: no cover - the message is the point
+    raise ProjectionError(
+        "PostgreSQL read models need psycopg 3: pip install 'jetsourcing[postgres]'."
+    ) from exc
+
+__all__ = ["PostgresStore"]
+
+_TYPES = {str: "TEXT", int: "BIGINT", float: "DOUBLE PRECISION", bool: "BOOLEAN", bytes: "BYTEA"}
+_SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+
+@lru_cache(maxsize=4096)
+def _pyformat(statement: str) -> str:
+    # The shared SQL has no literal '%' or '?' besides its placeholders.
+    return statement.replace("?", "%s")
+
+
+class PostgresStore(SqlStore):
+    """Read models in one schema of a PostgreSQL database, over one connection; use one store per task.
+
+    ``url`` is a libpq URL (``postgresql://user:password@host:5432/db``);
+    ``schema`` is created if missing. ``timeout_s`` bounds connecting, every
+    statement and every lock wait.
+    """
+
+    transient_errors = (psycopg.OperationalError,)
+    conn: "psycopg.Connection[Any]"
+
+    def __init__(self, url: str, *, schema: str = "public", timeout_s: float = 30.0, cache_rows: int = 100_000) -> None:
+        if not isinstance(schema, str) or not _SCHEMA_NAME.fullmatch(schema):
+            raise ProjectionError(
+                f"Invalid PostgreSQL schema {schema!r}: use lower-case letters, digits and '_' (at most 63 characters), "
+                "starting with a letter or '_'."
+            )
+        self.schema = schema
+        self.cache_rows = cache_rows
+        self._url = url
+        self._timeout_s = timeout_s
+        self.conn = self._connect()
+        info = self.conn.info
+        self.location = f"PostgreSQL database {info.dbname!r} on {info.host}, schema {schema!r}"
+        try:
+            with self.conn.transaction():
+                self._lock()
+                self.conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote(schema)}")
+            self._install()
+        except BaseException:
+            self.conn.close()
+            raise
+
+    def _connect(self) -> "psycopg.Connection[Any]":
+        ms = max(1, int(self._timeout_s * 1000))
+        try:
+            conn: psycopg.Connection[Any] = psycopg.connect(
+                self._url,
+                autocommit=True,
+                connect_timeout=max(1, round(self._timeout_s)),
+                # The schema is a checked identifier; search_path makes every name of projections.sql resolve in it.
+                options=f"-c statement_timeout={ms} -c lock_timeout={ms} -c idle_in_transaction_session_timeout="
+                f"{ms * 4} -c search_path={self.schema}",
+                keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=3,
+                application_name="jetsourcing",
+            )
+            return conn
+        except psycopg.Error as exc:
+            raise ProjectionError(
+                f"Cannot connect to the read-model database ({str(exc).strip()}). Check JETSOURCING_DATABASE."
+            ) from exc
+
+    def _alive(self) -> "psycopg.Connection[Any]":
+        """The connection, opened again if the last one broke (a restarted server): a retried batch goes on."""
+        if self.conn.closed:
+            self.conn = self._connect()
+        return self.conn
+
+    def execute(self, statement: str, params: Sequence[Any] = ()) -> Any:
+        return self._alive().execute(_pyformat(statement), params)
+
+    def _lock(self) -> None:
+        self.conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"jetsourcing:{self.schema}",))
+
+    for_update = " FOR UPDATE"
+
+    def sql(self, statement: str) -> str:
+        return _pyformat(statement)
+
+    def begin_write(self) -> None:
+        self._alive().execute("BEGIN")
+        self._lock()
+
+    def begin_batch(self) -> None:
+        self._alive().execute("BEGIN")
+
+    def column_type(self, python_type: type) -> str:
+        return _TYPES[python_type]
+
+    def table_options(self) -> str:
+        return ""
+
+    def relations(self) -> Iterable[tuple[str, str]]:
+        rows = self.conn.execute(
+            "SELECT table_name, table_type FROM information_schema.tables WHERE table_schema = %s", (self.schema,)
+        ).fetchall()
+        return [(name, "view" if kind == "VIEW" else "table") for name, kind in rows]
+
+    def executemany(self, statement: str, rows: Sequence[Sequence[Any]]) -> None:
+        with self._alive().cursor() as cursor:
+            cursor.executemany(statement, rows)
+
+    def rollback_quietly(self) -> None:
+        if self.conn.closed:
+            return
+        if self.conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            try:
+                self.conn.execute("ROLLBACK")
+            except psycopg.Error:
+                pass  # the connection is gone: the server rolled back
