@@ -613,12 +613,6 @@ class SqlStore(ReadModelStore):
     def close(self) -> None:
         self.conn.close()
 
-    def __enter__(self) -> "SqlStore":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
 
 class _WriteTx:
     """``with store._write():`` -- one serialised write transaction, rolled back on any exception."""

@@ -16,6 +16,7 @@ Handlers may use plain SQL on the transaction as an escape hatch
 from __future__ import annotations
 
 import sqlite3
+import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -26,6 +27,7 @@ from .tables import COLUMN_TYPES
 __all__ = ["SqliteStore"]
 
 _STRICT = sqlite3.sqlite_version_info >= (3, 37, 0)
+_OPENING = threading.Lock()
 
 class SqliteStore(SqlStore):
     """Read models in one SQLite file (created if missing). One connection; use one store per task.
@@ -49,13 +51,16 @@ class SqliteStore(SqlStore):
         self.location = str(self.path)
         self.cache_rows = cache_rows
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        # Used from one thread at a time, but not always the one that opened it (see projections.offload).
+        # Used from one thread at a time, but not always the one that opened it (ReadModelStore.offload).
         self.conn = sqlite3.connect(self.path, isolation_level=None, timeout=busy_timeout_s, check_same_thread=False)
-        self.conn.execute("PRAGMA journal_mode=WAL")
-        self.conn.execute(f"PRAGMA synchronous={'FULL' if synchronous == 'FULL' else 'NORMAL'}")
-        self.conn.execute("PRAGMA cache_size=-65536")
-        self.conn.execute("PRAGMA temp_store=MEMORY")
-        self._install()
+        # Switching a new file to WAL does not wait for the busy timeout: the daemon's runners open their
+        # stores at once, in threads, so they take turns here.
+        with _OPENING:
+            self.conn.execute("PRAGMA journal_mode=WAL")
+            self.conn.execute(f"PRAGMA synchronous={'FULL' if synchronous == 'FULL' else 'NORMAL'}")
+            self.conn.execute("PRAGMA cache_size=-65536")
+            self.conn.execute("PRAGMA temp_store=MEMORY")
+            self._install()
 
     def sql(self, statement: str) -> str:
         return statement

@@ -272,3 +272,9 @@ class ReadModelStore(ABC):
     @abstractmethod
     def close(self) -> None:
         """Close the connection."""
+
+    def __enter__(self) -> "ReadModelStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -55,6 +55,11 @@ def _as_int(value: Any) -> int:
     return int(value)
 
 
+def _plain_text(value: Any) -> bool:
+    """True for text every backend stores as is (the fast, common case: ASCII without NUL)."""
+    return bool(value.isascii() and "\x00" not in value)
+
+
 def check_name(kind: str, name: object) -> str:
     """Return ``name`` if it can name a table, column or projection everywhere (SQL, Spark, KV keys)."""
     if not isinstance(name, str) or not _NAME.fullmatch(name) or name.lower().startswith("_jetsourcing"):
@@ -194,6 +199,8 @@ class Table:
                 )
             if typ is int and not _INT_MIN <= _as_int(value) <= _INT_MAX:
                 raise RowError(f"Key {name!r}={value} of table {self.name!r} does not fit in 64 bits.")
+            if typ is str and not _plain_text(value):
+                self._check_text(name, value)
         return values
 
     def key_of(self, row: Mapping[str, Any]) -> Key:
@@ -208,14 +215,16 @@ class Table:
         Key columns come from ``key`` (``values`` may repeat them, equal);
         nullable columns missing from ``values`` are None; a missing
         non-nullable column, an unknown column, or a value of the wrong type
-        raises :class:`RowError`. ``int`` values of ``float`` columns become
-        ``float``.
+        raises :class:`RowError`, as does text with a NUL character or a lone
+        surrogate (no backend stores both the same way). ``int`` values of
+        ``float`` columns become ``float``.
         """
         if self._single:
             key_name = self.key[0]
             key_type = self._key_types[0]
-            if type(key) is not key_type or (key_type is int and not _INT_MIN <= _as_int(key) <= _INT_MAX):
-                self.key_values(key)  # raises the right error
+            if (type(key) is not key_type or (key_type is int and not _INT_MIN <= _as_int(key) <= _INT_MAX)
+                    or (key_type is str and not _plain_text(key))):
+                self.key_values(key)  # raises the right error, if any
             row: Row = {key_name: key}
             if key_name in values and values[key_name] != key:
                 self._mismatch(key_name, values, row)
@@ -234,10 +243,25 @@ class Table:
                     raise RowError(f"Column {self.name}.{name} is not nullable; the row gives no value for it.")
             elif type(value) is not typ:
                 value = self._coerce(name, typ, value)
+                if typ is str:
+                    self._check_text(name, value)
             elif typ is int and (value > _INT_MAX or value < _INT_MIN):  # type: ignore[operator]
                 raise RowError(f"Value {value} of {self.name}.{name} does not fit in 64 bits.")
+            elif typ is str and not _plain_text(value):
+                self._check_text(name, value)
             row[name] = value
         return row
+
+    def _check_text(self, name: str, value: Any) -> None:
+        # Every backend must store the same text: PostgreSQL refuses NUL, and no database stores a lone surrogate.
+        if "\x00" in value:
+            raise RowError(f"Text {value[:40]!r} of {self.name}.{name} contains a NUL character, which PostgreSQL "
+                           "cannot store: strip it, or declare the column bytes.")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise RowError(f"Text {value[:40]!r} of {self.name}.{name} has no UTF-8 form (a lone surrogate?): "
+                           "store it as bytes, or repair the text.") from None
 
     def _mismatch(self, name: str, values: Mapping[str, Any], row: Row) -> None:
         raise RowError(f"Row for table {self.name!r} has {name}={values[name]!r} but its key says {row[name]!r}.")

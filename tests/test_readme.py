@@ -13,13 +13,19 @@ from pathlib import Path
 import pytest
 
 from eventstore import EventStore
+from tests.support.postgres import unique_schema
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
-async def test_readme_python_blocks_run_in_order(store: EventStore, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_readme_python_blocks_run_in_order(
+    store: EventStore, monkeypatch: pytest.MonkeyPatch, postgres_url: str
+) -> None:
     # The first block connects with the defaults: point them at this test's server and stream.
     monkeypatch.setenv("NATS_URL", store.settings.nats_url or "")
+    monkeypatch.setenv("JETSOURCING_DATABASE", postgres_url)  # the read models' block says PostgreSQL
+    monkeypatch.setenv("JETSOURCING_POSTGRES_SCHEMA", unique_schema())
+    monkeypatch.setenv("JETSOURCING_LEASE_BUCKET", f"readme_{unique_schema()}")
     monkeypatch.setenv("JETSOURCING_STREAM", store.settings.stream + "R")
     monkeypatch.setenv("JETSOURCING_SUBJECT_PREFIX", store.settings.subject_prefix + "r")
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
@@ -38,3 +44,7 @@ async def test_readme_python_blocks_run_in_order(store: EventStore, monkeypatch:
     reply = namespace["reply"]  # the deposit sent over NATS to the README's command service
     assert (reply.version, reply.duplicate, reply.command_id) == (3, False, "dep-2")  # type: ignore[attr-defined]
     assert namespace["refusal"] == "Deposit a positive amount."
+    assert type(namespace["views"]).__name__ == "PostgresStore"
+    # Opened, 10 deposited in-process, 5 over NATS: the daemon's PostgreSQL read model has it all.
+    assert namespace["alice_row"] == {"account_id": "alice", "owner": "Alice", "balance": 15}
+    assert namespace["rich"] == [namespace["alice_row"]]

@@ -1,4 +1,4 @@
-"""Fixtures of the projection tests: a fresh stream, a fresh SQLite file and a private lease bucket per test."""
+"""Fixtures of the projection tests: a fresh stream, a fresh read-model database and a private lease bucket per test."""
 
 from __future__ import annotations
 
@@ -12,11 +12,16 @@ from projections import ProjectionSettings
 
 from projection_examples import register_all
 from projection_helpers import make_settings
+from tests.support.postgres import unique_schema
 
 
 @pytest.fixture
-def psettings(nats_url: str, tmp_path: Path) -> ProjectionSettings:
-    return make_settings(nats_url, tmp_path / "read-models.sqlite3")
+def psettings(request: pytest.FixtureRequest, nats_url: str, tmp_path: Path) -> ProjectionSettings:
+    """Read models in a fresh SQLite file; in a PostgreSQL schema of their own for tests marked ``both_stores``
+    (projection_helpers), which run once per store."""
+    if getattr(request, "param", "sqlite") == "sqlite":
+        return make_settings(nats_url, tmp_path / "read-models.sqlite3")
+    return make_settings(nats_url, request.getfixturevalue("postgres_url"), postgres_schema=unique_schema())
 
 
 @pytest.fixture

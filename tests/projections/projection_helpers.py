@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
@@ -10,14 +11,19 @@ import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import pytest
+
 from eventstore import EventStore, EventStoreSettings
-from projections import Daemon, MemoryStore, Projection, ProjectionSettings, SqliteStore, fold
+from projections import Daemon, MemoryStore, Projection, ProjectionSettings, fold, open_store
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent
 
+both_stores = pytest.mark.parametrize("psettings", ["sqlite", "postgres"], indirect=True)
+"""Run the test once with the read models in SQLite, once in PostgreSQL (see the ``psettings`` fixture)."""
 
-def make_settings(nats_url: str, database: Path, **overrides: object) -> ProjectionSettings:
+
+def make_settings(nats_url: str, database: Path | str, **overrides: object) -> ProjectionSettings:
     """Settings on a stream, subject prefix and lease bucket no other test uses, with short timings."""
     tag = uuid.uuid4().hex[:10]
     values: dict[str, object] = {
@@ -42,7 +48,7 @@ async def burst(projections: Sequence[Projection], settings: ProjectionSettings,
 
 def dump(settings: ProjectionSettings, name: str) -> dict[str, list[dict[str, object]]]:
     """What readers see of projection ``name``."""
-    with SqliteStore(settings.database) as store:
+    with contextlib.closing(open_store(settings)) as store:
         return store.dump(name)
 
 
@@ -77,6 +83,7 @@ def cli_env(settings: ProjectionSettings) -> dict[str, str]:
         "JETSOURCING_STREAM": es_settings.stream,
         "JETSOURCING_SUBJECT_PREFIX": es_settings.subject_prefix,
         "JETSOURCING_DATABASE": str(settings.database),
+        "JETSOURCING_POSTGRES_SCHEMA": settings.postgres_schema,
         "JETSOURCING_LEASE_BUCKET": settings.lease_bucket,
         "JETSOURCING_LEASE_TTL_S": str(settings.lease_ttl_s),
         "JETSOURCING_STATUS_INTERVAL_S": str(settings.status_interval_s),
@@ -94,7 +101,7 @@ def spawn(settings: ProjectionSettings, *args: str, **kwargs: object) -> subproc
 
 def checkpoint(settings: ProjectionSettings, name: str) -> int:
     """The live generation's checkpoint of projection ``name`` (0 before its first run)."""
-    with SqliteStore(settings.database) as store:
+    with contextlib.closing(open_store(settings)) as store:
         live = store.live_generation(name)
         return live.checkpoint if live else 0
 
@@ -108,3 +115,15 @@ async def wait_until(condition: Callable[[], object], timeout_s: float = 20.0, w
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
         await asyncio.sleep(0.02)
+
+
+def tables_in(settings: ProjectionSettings) -> set[str]:
+    """The tables (not views) in the read-model database."""
+    with contextlib.closing(open_store(settings)) as store:
+        return {name for name, kind in store.relations() if kind == "table"}  # type: ignore[attr-defined]
+
+
+def count_rows(settings: ProjectionSettings, table: str = "balances") -> int:
+    """What a reader counts in ``table`` of the live read model."""
+    with contextlib.closing(open_store(settings)) as store:
+        return len(store.rows(table))

@@ -11,7 +11,16 @@ from typing import Any, Protocol
 import pytest
 
 from eventstore import RecordedEvent, StreamId, TypeRegistry
-from projections import ErrorPolicy, MemoryStore, PostgresStore, ReadModelStore, RowError, SqliteStore, Table
+from projections import (
+    ErrorPolicy,
+    MemoryStore,
+    PostgresStore,
+    ProjectionDefinitionError,
+    ReadModelStore,
+    RowError,
+    SqliteStore,
+    Table,
+)
 from projections.applier import Applier, Counters
 from projections.errors import CheckpointConflictError
 from projections.projection import Projection
@@ -227,6 +236,10 @@ def test_composite_keys(backend: Backend) -> None:
         ("people", ("a",), {"name": "x"}, "must be str"),
         ("pairs", "x", {"weight": 1.0}, "tuple"),
         ("pairs", ("x", "1"), {"weight": 1.0}, "must be int"),
+        ("people", "a", {"name": "nul\x00inside"}, "NUL character"),
+        ("people", "a\x00", {"name": "x"}, "NUL character"),
+        ("people", "a", {"name": "lone \ud800"}, "no UTF-8 form"),
+        ("pairs", ("\udfff", 1), {"weight": 1.0}, "no UTF-8 form"),
     ],
 )
 def test_rows_that_do_not_fit_the_declaration_are_refused_the_same_way(
@@ -330,3 +343,42 @@ def test_a_handler_failing_because_its_generation_was_switched_away_is_a_conflic
         applier.apply([deposit(1)])
     assert live_store.dead_letters(projection.name) == []
     live_store.close()
+
+
+def test_the_query_helpers_read_the_live_model_as_readers_see_it(connect: StoreFactory) -> None:
+    b = StoreBackend(connect)
+    tx = b.begin()
+    tx.upsert("people", "b", {"name": "Bob", "age": 40})
+    tx.upsert("people", "a", ALICE)
+    tx.upsert("people", "c", {"name": "Carol", "age": 40})
+    tx.upsert("pairs", ("x", 1), {"weight": 1.0})
+    b.commit(tx)
+    reader = connect()
+    try:
+        assert [r["id"] for r in reader.rows("people")] == ["a", "b", "c"]  # sorted by key
+        assert [r["id"] for r in reader.rows("people", {"age": 40})] == ["b", "c"]
+        assert [r["id"] for r in reader.rows("people", {"score": None})] == ["b", "c"]
+        assert reader.rows("people", {"name": "Nobody"}) == []
+        assert reader.get("people", "a") == {"id": "a", **ALICE}
+        assert reader.get("pairs", ("x", 1)) == {"a": "x", "b": 1, "weight": 1.0}
+        assert reader.get("people", "zzz") is None
+        with pytest.raises(RowError, match="has a table 'nope'"):
+            reader.get("nope", "a")
+        with pytest.raises(RowError, match="no column 'nick'"):
+            reader.rows("people", {"nick": "x"})
+        with pytest.raises(RowError, match="must be str"):
+            reader.get("people", 5)
+    finally:
+        reader.close()
+        b.store.close()
+
+
+def test_a_table_not_made_by_jetsourcing_is_never_taken_over(connect: StoreFactory) -> None:
+    store = connect()
+    try:
+        store.conn.execute("CREATE TABLE people (id TEXT)")  # type: ignore[attr-defined]
+        with pytest.raises(ProjectionDefinitionError, match="already exists"):
+            store.ensure_live(Example(), "S")
+        assert store.live_generation("contract") is None  # nothing half-made
+    finally:
+        store.close()

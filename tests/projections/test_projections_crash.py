@@ -10,10 +10,20 @@ import time
 from pathlib import Path
 
 from eventstore import EmbeddedServer, EventStore, StreamId
-from projections import Daemon, MemoryStore, Outcome, ProjectionSettings, SqliteStore, fold, read_status
+from projections import Daemon, MemoryStore, Outcome, ProjectionSettings, fold, read_status
 
 from projection_examples import ACCOUNT, AccountBalances, Deposited, Movements, append_workload, register_all, workload
-from projection_helpers import checkpoint, clean_rebuild, cli, cli_env, make_settings, memory_fold, wait_until
+from projection_helpers import (
+    both_stores,
+    checkpoint,
+    clean_rebuild,
+    cli,
+    cli_env,
+    dump,
+    make_settings,
+    memory_fold,
+    wait_until,
+)
 
 ROOT = Path(__file__).parent.parent.parent
 
@@ -37,6 +47,7 @@ class IncrementalFold:
         return self.store.dump()
 
 
+@both_stores
 async def test_kill_9_at_random_points_while_20000_events_are_appended(
     es: EventStore, psettings: ProjectionSettings, tmp_path: Path
 ) -> None:
@@ -63,8 +74,7 @@ async def test_kill_9_at_random_points_while_20000_events_are_appended(
             position = checkpoint(settings, name)
             assert position >= checkpoint_before(checkpoints, name)
             checkpoints[name] = position
-            with SqliteStore(settings.database) as store:
-                assert store.dump(name) == await incremental.up_to(position), f"{name} after kill {kills}"
+            assert dump(settings, name) == await incremental.up_to(position), f"{name} after kill {kills}"
     await writer
     assert max(checkpoints.values()) > 0
     # A killed daemon leaves "running" behind; status calls it stale once the heartbeat is old enough.
@@ -81,8 +91,7 @@ async def test_kill_9_at_random_points_while_20000_events_are_appended(
     assert done.returncode == 0, done.stderr
     last = await es.last_position()
     assert checkpoint(settings, "account_balances") == last
-    with SqliteStore(settings.database) as store:
-        crashed = {name: store.dump(name) for name in folds}
+    crashed = {name: dump(settings, name) for name in folds}
     assert crashed["account_balances"] == await clean_rebuild(AccountBalances(), settings, es, tmp_path)
     assert crashed["movements"] == await clean_rebuild(Movements(), settings, es, tmp_path)
     print(f"{kills} kills; checkpoints seen: {checkpoints}")
@@ -124,8 +133,7 @@ async def test_following_survives_a_server_restart(tmp_path: Path) -> None:
             assert not running.done()
             daemon.stop()
             assert await running == {"account_balances": Outcome.STOPPED}
-            with SqliteStore(settings.database) as store:
-                assert store.dump("account_balances") == await memory_fold(AccountBalances(), es)
+            assert dump(settings, "account_balances") == await memory_fold(AccountBalances(), es)
         finally:
             await es.close()
     finally:

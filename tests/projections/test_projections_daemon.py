@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import sqlite3
@@ -18,7 +19,7 @@ from projections import (
     Outcome,
     ProjectionSettings,
     Reactor,
-    SqliteStore,
+    open_store,
     read_status,
     run_reactor,
 )
@@ -34,7 +35,7 @@ from projection_examples import (
     append_workload,
     workload,
 )
-from projection_helpers import ROOT, burst, checkpoint, cli, cli_env, dump, memory_fold, spawn, wait_until
+from projection_helpers import ROOT, both_stores, burst, checkpoint, cli, cli_env, dump, memory_fold, spawn, wait_until
 
 
 async def test_live_following_applies_each_append_within_milliseconds(
@@ -69,6 +70,7 @@ async def test_live_following_applies_each_append_within_milliseconds(
     assert dump(psettings, "account_balances") == await memory_fold(AccountBalances(), es)
 
 
+@both_stores
 async def test_cli_burst_mode_exits_zero_when_caught_up(es: EventStore, psettings: ProjectionSettings) -> None:
     await append_workload(es, workload(800, accounts=80))
     proc = await asyncio.to_thread(
@@ -84,6 +86,7 @@ async def test_cli_burst_mode_exits_zero_when_caught_up(es: EventStore, psetting
     assert checkpoint(psettings, "movements") == await es.last_position()
 
 
+@both_stores
 async def test_sigterm_finishes_the_batch_commits_and_logs_counters(
     es: EventStore, psettings: ProjectionSettings
 ) -> None:
@@ -104,6 +107,7 @@ async def test_sigterm_finishes_the_batch_commits_and_logs_counters(
     assert status.state == "stopped" and status.counters["checkpoint"] == last
 
 
+@both_stores
 async def test_stop_policy_stops_only_the_failing_projection_with_a_full_report(
     es: EventStore, psettings: ProjectionSettings
 ) -> None:
@@ -135,6 +139,7 @@ async def test_stop_policy_stops_only_the_failing_projection_with_a_full_report(
     assert checkpoint(psettings, "fragile_balances") == poison.position - 1
 
 
+@both_stores
 async def test_dead_letter_policy_skips_whole_commits_and_records_them(
     es: EventStore, psettings: ProjectionSettings
 ) -> None:
@@ -149,7 +154,7 @@ async def test_dead_letter_policy_skips_whole_commits_and_records_them(
     [row] = [r for r in dump(settings, "fragile_balances")["balances"] if r["account_id"] == "dl-1"]
     assert row["balance"] == 15  # the whole three-event commit was skipped, not just the failing event
     assert checkpoint(settings, "fragile_balances") == lone_bad.position
-    with SqliteStore(settings.database) as store:
+    with contextlib.closing(open_store(settings)) as store:
         letters = store.dead_letters("fragile_balances")
     assert [(d.position, d.index, d.event_type, d.stream_id) for d in letters] == [
         (bad.position, 1, "Corrupted", "Account/dl-1"),
@@ -160,6 +165,7 @@ async def test_dead_letter_policy_skips_whole_commits_and_records_them(
     assert status.dead_letters == 2 and status.state == "stopped"
 
 
+@both_stores
 async def test_status_cli_reports_checkpoint_lag_and_state(es: EventStore, psettings: ProjectionSettings) -> None:
     await append_workload(es, workload(200, accounts=20))
     await burst([AccountBalances(), Movements()], psettings, es)

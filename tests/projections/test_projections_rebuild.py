@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
-import sqlite3
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from eventstore import EventStore, StreamId
-from projections import Daemon, Outcome, ProjectionSettings, RebuildError, SqliteStore, Table, read_status, rebuild
+from projections import Daemon, Outcome, ProjectionSettings, RebuildError, Table, open_store, read_status, rebuild
 from projections.projection import handles
 
 from projection_examples import (
@@ -25,31 +25,33 @@ from projection_examples import (
     append_workload,
     workload,
 )
-from projection_helpers import burst, checkpoint, clean_rebuild, dump, memory_fold, spawn, wait_until
+from projection_helpers import (
+    both_stores,
+    burst,
+    checkpoint,
+    clean_rebuild,
+    count_rows,
+    dump,
+    memory_fold,
+    spawn,
+    tables_in,
+    wait_until,
+)
 
 
-def tables_in(path: Path) -> set[str]:
-    with sqlite3.connect(path) as conn:
-        return {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-
-
-def generation_tables(path: Path) -> set[str]:
+def generation_tables(settings: ProjectionSettings) -> set[str]:
     """The generation tables (``<table>__g<n>``) in the read-model database."""
-    return {t for t in tables_in(path) if "__g" in t}
-
-
-def count_rows(path: Path) -> int:
-    with sqlite3.connect(path) as conn:
-        return int(conn.execute("SELECT count(*) FROM balances").fetchone()[0])
+    return {t for t in tables_in(settings) if "__g" in t}
 
 
 def building(psettings: ProjectionSettings) -> int:
     """The checkpoint of the generation a rebuild is filling (0 when there is none)."""
-    with SqliteStore(psettings.database) as store:
+    with contextlib.closing(open_store(psettings)) as store:
         [s] = store.statuses()
         return s.building.checkpoint if s.building else 0
 
 
+@both_stores
 async def test_rebuild_while_writers_append_switches_to_a_caught_up_model(
     es: EventStore, psettings: ProjectionSettings, tmp_path: Path
 ) -> None:
@@ -65,7 +67,7 @@ async def test_rebuild_while_writers_append_switches_to_a_caught_up_model(
     # While the rebuild runs, readers keep querying the live model, which keeps moving.
     seen = []
     while proc.poll() is None:
-        seen.append((count_rows(psettings.database), checkpoint(psettings, "account_balances")))
+        seen.append((count_rows(psettings), checkpoint(psettings, "account_balances")))
         await asyncio.sleep(0.05)
     log.seek(0)
     output = log.read().decode()
@@ -85,10 +87,11 @@ async def test_rebuild_while_writers_append_switches_to_a_caught_up_model(
     [status] = await read_status(psettings, event_store=es)
     assert status.generation == 2 and status.rebuild is None
     assert status.counters["conflicts"] >= 1  # the daemon noticed the switch and reloaded
-    assert not any(t.endswith("__g1") for t in tables_in(psettings.database))  # old generation dropped
+    assert not any(t.endswith("__g1") for t in tables_in(psettings))  # old generation dropped
     assert dump(psettings, "account_balances") == await clean_rebuild(AccountBalances(), psettings, es, tmp_path)
 
 
+@both_stores
 async def test_failed_rebuild_leaves_the_old_model_in_place(es: EventStore, psettings: ProjectionSettings) -> None:
     await append_workload(es, workload(1000, accounts=100))
     await burst([AccountBalances()], psettings, es)
@@ -105,11 +108,12 @@ async def test_failed_rebuild_leaves_the_old_model_in_place(es: EventStore, pset
     with pytest.raises(RebuildError, match="bug in the new version"):
         await rebuild(Broken(), psettings, event_store=es)
     assert dump(psettings, "account_balances") == before
-    assert not any(t.endswith("__g2") for t in tables_in(psettings.database))
+    assert not any(t.endswith("__g2") for t in tables_in(psettings))
     [status] = await read_status(psettings, event_store=es)
     assert status.generation == 1 and status.version == 1 and status.rebuild is None
 
 
+@both_stores
 async def test_killed_rebuild_leaves_the_old_model_and_the_next_rebuild_succeeds(
     es: EventStore, psettings: ProjectionSettings
 ) -> None:
@@ -133,7 +137,7 @@ async def test_killed_rebuild_leaves_the_old_model_and_the_next_rebuild_succeeds
     result = await rebuild(AccountBalancesV2(), psettings, event_store=es)
     assert result.generation == 3
     assert dump(psettings, "account_balances") == await memory_fold(AccountBalancesV2(), es)
-    assert generation_tables(psettings.database) == {"balances__g3", "closures__g3"}
+    assert generation_tables(psettings) == {"balances__g3", "closures__g3"}
 
 
 async def test_version_bump_rebuilds_on_start_and_other_mismatches_are_refused(
@@ -180,7 +184,7 @@ async def test_two_rebuilds_at_once_are_refused(es: EventStore, psettings: Proje
                  stderr=subprocess.DEVNULL)
     try:
         def started() -> bool:
-            with SqliteStore(psettings.database) as store:
+            with contextlib.closing(open_store(psettings)) as store:
                 return any(s.building for s in store.statuses())
 
         await wait_until(started, 20, "the first rebuild to start")
@@ -191,6 +195,7 @@ async def test_two_rebuilds_at_once_are_refused(es: EventStore, psettings: Proje
         proc.wait()
 
 
+@both_stores
 async def test_sigterm_keeps_a_rebuilds_progress_and_resumed_rebuilds_go_on_from_it(
     es: EventStore, psettings: ProjectionSettings
 ) -> None:
@@ -232,7 +237,7 @@ async def test_sigterm_keeps_a_rebuilds_progress_and_resumed_rebuilds_go_on_from
     result = await rebuild(AccountBalancesV2(), psettings, event_store=es, resume=True)
     assert (result.generation, result.checkpoint, result.events) == (2, total, left)
     assert dump(psettings, "account_balances") == await memory_fold(AccountBalancesV2(), es)
-    assert generation_tables(psettings.database) == {"balances__g2", "closures__g2"}
+    assert generation_tables(psettings) == {"balances__g2", "closures__g2"}
 
 
 async def test_a_rebuild_without_resume_starts_over_and_a_changed_definition_is_not_resumed(
@@ -256,7 +261,7 @@ async def test_a_rebuild_without_resume_starts_over_and_a_changed_definition_is_
     result = await rebuild(V3(), psettings, event_store=es, resume=True)
     assert result.generation == 3 and result.checkpoint == await es.last_position()
     assert dump(psettings, "account_balances") == await memory_fold(V3(), es)
-    assert generation_tables(psettings.database) == {"balances__g3", "closures__g3"}
+    assert generation_tables(psettings) == {"balances__g3", "closures__g3"}
 
     # Without resume, a rebuild starts over even when a kept shadow would fit.
     class SlowV4(SlowBalances):
