@@ -30,6 +30,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_aggregates.py
 	$(PY) benchmarks/bench_commands.py
 	$(PY) benchmarks/bench_projections.py
+	$(PY) benchmarks/bench_postgres.py
 	$(PY) benchmarks/bench_spark.py
 
 clean:

@@ -12,7 +12,7 @@ from eventstore import EventStore, RecordedEvent, StreamId
 from projections import ErrorPolicy, PoisonEvent, ProjectionSettings, Reactor, read_status, run_reactor
 
 from projection_examples import ACCOUNT, AccountOpened, Corrupted, Deposited, FragileBalances
-from projection_helpers import ROOT, burst, cli, cli_env
+from projection_helpers import ROOT, both_stores, burst, cli, cli_env
 
 
 class Shipped(BaseModel):
@@ -26,6 +26,7 @@ async def jetsourcing(settings: ProjectionSettings, *args: str) -> tuple[int, st
     return done.returncode, done.stdout, done.stderr
 
 
+@both_stores
 async def test_list_and_drop_a_projections_dead_letters(es: EventStore, psettings: ProjectionSettings) -> None:
     await es.append(StreamId(ACCOUNT, "dl-1"), [AccountOpened(owner="o")])
     bad = await es.append(StreamId(ACCOUNT, "dl-1"), [Deposited(amount=1), Corrupted(detail="x")])
