@@ -15,6 +15,7 @@ import pytest
 from pydantic import ValidationError
 
 from projections import PostgresStore, ProjectionError, ProjectionSettings, SqliteStore, open_store
+from projections.store import Writer
 
 from projection_examples import AccountBalances
 from tests.support.postgres import unique_schema
@@ -23,6 +24,13 @@ from tests.support.postgres import unique_schema
 def _balance(account: str, balance: int = 5) -> dict[str, Any]:
     return {"account_id": account, "owner": "x", "balance": balance, "deposits": 1, "withdrawals": 0,
             "last_position": 1, "overdrawn": False, "average_deposit": None}
+
+
+def _live_writer(store: PostgresStore, owner: str = "me") -> Writer:
+    """The writer of AccountBalances' live generation in ``store``, created on first use."""
+    projection = AccountBalances()
+    store.ensure_live(projection, "S")
+    return store.writer(store.claim(projection.name, owner), owner)
 
 
 @pytest.fixture
@@ -101,9 +109,7 @@ def test_a_server_that_never_answers_fails_within_the_timeout() -> None:
 
 def test_a_statement_that_runs_too_long_is_cancelled_at_the_timeout(postgres_url: str) -> None:
     with PostgresStore(postgres_url, schema=unique_schema(), timeout_s=1) as store:
-        projection = AccountBalances()
-        store.ensure_live(projection, "S")
-        writer = store.writer(store.claim(projection.name, "me"), "me")
+        writer = _live_writer(store)
         tx = writer.transaction()
         started = time.monotonic()
         with pytest.raises(psycopg.errors.QueryCanceled):
@@ -123,10 +129,8 @@ def _terminate(postgres_url: str, store: PostgresStore) -> None:
 
 
 def test_a_lost_connection_fails_one_attempt_and_the_retried_batch_commits_once(postgres_url: str) -> None:
-    projection = AccountBalances()
     with PostgresStore(postgres_url, schema=unique_schema(), timeout_s=5) as store:
-        store.ensure_live(projection, "S")
-        writer = store.writer(store.claim(projection.name, "me"), "me")
+        writer = _live_writer(store)
         tx = writer.transaction()
         tx.upsert("balances", "a", _balance("a", 1))
         tx.commit(1)
@@ -140,7 +144,7 @@ def test_a_lost_connection_fails_one_attempt_and_the_retried_batch_commits_once(
         tx.upsert("balances", "a", _balance("a", 2))
         tx.commit(2)
         assert writer.checkpoint == 2 and store.get("balances", "a") == _balance("a", 2)
-        assert store.live_generation(projection.name).checkpoint == 2  # type: ignore[union-attr]
+        assert store.live_generation(AccountBalances.name).checkpoint == 2  # type: ignore[union-attr]
 
 
 def test_a_switch_waits_for_a_commit_in_flight_and_then_refuses_a_shadow_left_behind(postgres_url: str) -> None:
@@ -151,9 +155,7 @@ def test_a_switch_waits_for_a_commit_in_flight_and_then_refuses_a_shadow_left_be
         store.claim(projection.name, "daemon")
         shadow = store.create_shadow(projection, "S", "rebuild", 10)
         builder = store.writer(shadow, "rebuild")
-        tx = builder.transaction()
-        tx.commit(10)
-        shadow = store.resume_shadow(projection, "S", "rebuild", 10) or shadow
+        builder.transaction().commit(10)
         # The daemon's commit to position 12, in flight: its compare-and-set holds the live generation's row.
         daemon = psycopg.connect(postgres_url, autocommit=True, options=f"-c search_path={schema}")
         daemon.execute("BEGIN")
@@ -175,12 +177,9 @@ def test_a_switch_waits_for_a_commit_in_flight_and_then_refuses_a_shadow_left_be
 
 
 def test_readers_query_views_in_the_schema(postgres_url: str) -> None:
-    projection = AccountBalances()
     schema = unique_schema()
     with PostgresStore(postgres_url, schema=schema) as store:
-        store.ensure_live(projection, "S")
-        writer = store.writer(store.claim(projection.name, "me"), "me")
-        tx = writer.transaction()
+        tx = _live_writer(store).transaction()
         tx.upsert("balances", "acc", _balance("acc", 42))
         tx.commit(1)
     with contextlib.closing(psycopg.connect(postgres_url)) as reader:
