@@ -79,7 +79,13 @@ class Applier:
 
         Raises :class:`ProjectionStoppedError` under the ``stop`` policy and
         :class:`CheckpointConflictError` when the writer lost the read model.
+        Commits at or before the writer's checkpoint are already applied and
+        skipped: a batch retried after a store failure part-way (some of its
+        commits went in) applies each commit once.
         """
+        checkpoint = self.writer.checkpoint
+        if events and events[0].position <= checkpoint:
+            events = [e for e in events if e.position > checkpoint]
         while events:
             failure = self._attempt(events, through)
             if failure is None:
@@ -118,6 +124,9 @@ class Applier:
                 if handler is not None:
                     handler(event, tx)
                     applied += 1
+        except self.writer.transient_errors:
+            tx.rollback()
+            raise  # the database failed, not the event: the caller retries the batch
         except Exception as exc:  # noqa: BLE001 - any handler failure is reported, never swallowed
             tx.rollback()
             if not self.writer.touch():

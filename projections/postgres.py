@@ -19,7 +19,7 @@ bookkeeping. Here:
 psycopg 3 (``pip install 'jetsourcing[postgres]'``) is used synchronously:
 handlers are plain functions shared with SQLite and Spark, so the daemon
 runs each batch, and every other store call, in the store's own thread
-(:mod:`projections.offload`), never on the event loop.
+(:meth:`~projections.store.ReadModelStore.offload`), never on the event loop.
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ def _pyformat(statement: str) -> str:
 class PostgresStore(SqlStore):
     """Read models in one schema of a PostgreSQL database, over one connection; use one store per task.
 
-    ``url`` is a libpq URL (``postgresql://user:password@host:5432/db``);
+    ``url`` is a libpq URL (``postgresql://user:password@host:5432/db``;
+    its ``options`` parameter is replaced by the store's own settings);
     ``schema`` is created if missing. ``timeout_s`` bounds connecting, every
     statement and every lock wait.
     """
@@ -72,6 +73,8 @@ class PostgresStore(SqlStore):
         self.cache_rows = cache_rows
         self._url = url
         self._timeout_s = timeout_s
+        self._closed = False
+        self._in_transaction = False
         self.conn = self._connect()
         info = self.conn.info
         self.location = f"PostgreSQL database {info.dbname!r} on {info.host}, schema {schema!r}"
@@ -104,8 +107,13 @@ class PostgresStore(SqlStore):
             ) from exc
 
     def _alive(self) -> "psycopg.Connection[Any]":
-        """The connection, opened again if the last one broke (a restarted server): a retried batch goes on."""
+        """The connection, opened again if the last one broke (a restarted server) between transactions: a
+        retried batch goes on. Inside a transaction a lost connection is an error (what it did is gone)."""
         if self.conn.closed:
+            if self._closed:
+                raise ProjectionError("This PostgreSQL store is closed.")
+            if self._in_transaction:
+                raise psycopg.OperationalError("The connection to PostgreSQL was lost inside a transaction.")
             self.conn = self._connect()
         return self.conn
 
@@ -121,11 +129,27 @@ class PostgresStore(SqlStore):
         return _pyformat(statement)
 
     def begin_write(self) -> None:
-        self._alive().execute("BEGIN")
-        self._lock()
+        self.begin_batch()
+        try:
+            self._lock()
+        except BaseException:
+            self.rollback_quietly()  # a lock wait that timed out must not leave an aborted transaction open
+            raise
 
     def begin_batch(self) -> None:
         self._alive().execute("BEGIN")
+        self._in_transaction = True
+
+    def commit(self) -> None:
+        # PostgreSQL answers COMMIT of a failed transaction with a silent ROLLBACK: refuse it instead.
+        if self.conn.info.transaction_status != psycopg.pq.TransactionStatus.INTRANS:
+            raise psycopg.OperationalError("The transaction failed before its COMMIT; nothing was written.")
+        self.conn.execute("COMMIT")
+        self._in_transaction = False
+
+    def lock_views(self, names: Sequence[str]) -> None:
+        if names:
+            self.conn.execute(f"LOCK TABLE {', '.join(quote(n) for n in names)} IN ACCESS EXCLUSIVE MODE")
 
     def column_type(self, python_type: type) -> str:
         return _TYPES[python_type]
@@ -144,6 +168,7 @@ class PostgresStore(SqlStore):
             cursor.executemany(statement, rows)
 
     def rollback_quietly(self) -> None:
+        self._in_transaction = False
         if self.conn.closed:
             return
         if self.conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
@@ -151,3 +176,7 @@ class PostgresStore(SqlStore):
                 self.conn.execute("ROLLBACK")
             except psycopg.Error:
                 pass  # the connection is gone: the server rolled back
+
+    def close(self) -> None:
+        self._closed = True
+        self.conn.close()

@@ -218,7 +218,8 @@ async def _rebuild(
     except BaseException as exc:
         # A projection error or a malformed commit would recur on resume: drop the shadow. An
         # interruption (a stop, a lost lease or server, a killed task) keeps it to resume.
-        interrupted = (stop.is_set() or lease.lost.is_set() or isinstance(exc, ServerUnavailableError)
+        interrupted = (stop.is_set() or lease.lost.is_set() or isinstance(exc, (ServerUnavailableError,
+                                                                                  *rm.transient_errors))
                        or not isinstance(exc, Exception))
         if not switched:
             await _abandon(rm, writer, owner, keep=interrupted)

@@ -32,6 +32,7 @@ moved after it looked.
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from abc import abstractmethod
@@ -56,6 +57,8 @@ from .tables import Key, Row, Table
 from .transaction import RowCache
 
 __all__ = ["SqlStore", "SqlTransaction", "SqlWriter", "physical_name"]
+
+log = logging.getLogger("projections")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS _jetsourcing_meta (
@@ -130,6 +133,13 @@ class Cursor(Protocol):
     def fetchall(self) -> list[Any]: ...
 
     def __iter__(self) -> Iterator[Any]: ...
+
+
+def _text(value: str) -> str:
+    """Error text as every database stores it: NUL and lone surrogates escaped (PostgreSQL refuses them)."""
+    if value.isascii() and "\x00" not in value:
+        return value
+    return value.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def physical_name(table: str, generation: int) -> str:
@@ -249,6 +259,13 @@ class SqlStore(ReadModelStore):
     @abstractmethod
     def rollback_quietly(self) -> None:
         """Roll back the current transaction, if the connection still has one."""
+
+    def commit(self) -> None:
+        """Commit the current transaction."""
+        self.execute("COMMIT")
+
+    def lock_views(self, names: Sequence[str]) -> None:
+        """Inside a write transaction: wait until no reader uses the views ``names`` (before locking rows)."""
 
     # -- plumbing -----------------------------------------------------------
 
@@ -454,13 +471,16 @@ class SqlStore(ReadModelStore):
     def switch(self, shadow: Generation) -> bool:
         name = shadow.projection
         with self._write():
+            number = self._live_number(name)
+            old = None if number is None else self._gen(name, number)
+            # Readers first: waiting for them while holding the live row would stall the daemon's commits.
+            self.lock_views([t.name for t in tables_of(old.definition)] if old is not None else [])
             current = self._gen(name, shadow.generation, lock=True)
             if current is None or current.state != GenerationState.BUILDING or current.owner != shadow.owner:
                 raise RebuildError(
                     f"Generation {shadow.generation} of {name!r} is no longer being built by this rebuild "
                     "(another rebuild replaced it?). The live model is unchanged."
                 )
-            number = self._live_number(name)
             # Locked: the daemon's next commit waits for this switch, then finds its generation retired.
             live = None if number is None else self._gen(name, number, lock=True)
             if live is not None and live.checkpoint > current.checkpoint:
@@ -489,8 +509,12 @@ class SqlStore(ReadModelStore):
                     (current.generation, time.time(), name),
                 )
         if live is not None:
-            with self._write():
-                self._drop_generation_tables(name, live)
+            try:
+                with self._write():
+                    self._drop_generation_tables(name, live)
+            except Exception as exc:  # noqa: BLE001 - the switch is done; the next rebuild drops what is left
+                log.warning("%s: switched to generation %d, but the old generation %d is not dropped yet (%s); "
+                            "the next rebuild drops it.", name, current.generation, live.generation, exc)
         return True
 
     def discard(self, name: str, generation: int) -> None:
@@ -625,7 +649,7 @@ class _WriteTx:
 
     def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
         if exc_type is None:
-            self.store.execute("COMMIT")
+            self.store.commit()
         else:
             self.store.rollback_quietly()
 
@@ -638,6 +662,7 @@ class SqlWriter(Writer):
         self.generation = generation
         self.owner = owner
         self.checkpoint = generation.checkpoint
+        self.transient_errors = store.transient_errors
         tables = tables_of(generation.definition)
         self.tables = {t.name: t for t in tables}
         self.ops = {t.name: TableOps(t, physical_name(t.name, generation.generation)) for t in tables}
@@ -736,8 +761,9 @@ class SqlTransaction(WriteTransaction):
         writer = self._writer
         gen = writer.generation
         store = self._store
-        if checkpoint < writer.checkpoint:
-            raise ValueError(f"Checkpoint {checkpoint} is behind the stored {writer.checkpoint}.")
+        if checkpoint < writer.checkpoint or (checkpoint == writer.checkpoint and (self.changed or self._letters)):
+            # Writes at the stored checkpoint would apply its events a second time.
+            raise ValueError(f"Checkpoint {checkpoint} is not past the stored {writer.checkpoint}.")
         try:
             self._begin()
             moved = store.execute(
@@ -754,12 +780,12 @@ class SqlTransaction(WriteTransaction):
                 store.executemany(
                     store.sql(upsert_sql("_jetsourcing_dead_letters", _DEAD_LETTER_TABLE)),
                     [
-                        (gen.projection, gen.generation, d.position, d.index, d.stream_id, d.event_type, d.event_id,
-                         d.error, d.traceback, d.recorded_at, d.dead_at)
+                        (gen.projection, gen.generation, d.position, d.index, _text(d.stream_id), _text(d.event_type),
+                         _text(d.event_id), _text(d.error), _text(d.traceback), d.recorded_at, d.dead_at)
                         for d in self._letters
                     ],
                 )
-            store.execute("COMMIT")
+            store.commit()
         except BaseException:
             self._abort()
             raise

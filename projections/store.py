@@ -138,6 +138,8 @@ class Writer(ABC):
     owner: str
     checkpoint: int
     """The checkpoint this writer last committed (or found)."""
+    transient_errors: tuple[type[Exception], ...] = ()
+    """Its store's :attr:`ReadModelStore.transient_errors`: raised through handlers, never blamed on an event."""
 
     @abstractmethod
     def transaction(self) -> WriteTransaction:

@@ -46,6 +46,9 @@ Row = dict[str, Any]
 COLUMN_TYPES: dict[type, str] = {str: "TEXT", int: "INTEGER", float: "REAL", bool: "INTEGER", bytes: "BLOB"}
 """The column types a table may declare, with their SQLite storage type."""
 
+MAX_TABLE_NAME = 40
+"""The longest table name: ``<name>__g<generation>__i<index>`` must stay within PostgreSQL's 63 bytes."""
+
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 _INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
 _TYPE_NAMES = {str: "str", int: "int", float: "float", bool: "bool", bytes: "bytes"}
@@ -117,6 +120,12 @@ class Table:
         indexes: Sequence[str | Sequence[str]] = (),
     ) -> None:
         self.name = check_name("table", name)
+        if len(name) > MAX_TABLE_NAME:
+            raise ProjectionDefinitionError(
+                f"Table name {name!r} is {len(name)} characters long; use at most {MAX_TABLE_NAME}: the stores name "
+                "each generation's tables and indexes after it (balances__g12__i0), and PostgreSQL cuts names "
+                "at 63 bytes."
+            )
         if not columns:
             raise ProjectionDefinitionError(f"Table {name!r} declares no columns.")
         cols = []

@@ -14,7 +14,18 @@ import psycopg
 import pytest
 from pydantic import ValidationError
 
-from projections import PostgresStore, ProjectionError, ProjectionSettings, SqliteStore, open_store
+from eventstore import RecordedEvent, StreamId, TypeRegistry
+from projections import (
+    ErrorPolicy,
+    PostgresStore,
+    Projection,
+    ProjectionError,
+    ProjectionSettings,
+    SqliteStore,
+    Table,
+    open_store,
+)
+from projections.applier import Applier, Counters
 from projections.store import Writer
 
 from projection_examples import AccountBalances
@@ -185,3 +196,95 @@ def test_readers_query_views_in_the_schema(postgres_url: str) -> None:
     with contextlib.closing(psycopg.connect(postgres_url)) as reader:
         [(balance,)] = reader.execute(f"SELECT balance FROM {schema}.balances WHERE account_id = 'acc'").fetchall()
     assert balance == 42
+
+
+class LongNames(Projection):
+    name = "p" * 63
+    tables = (Table("t" * 40, key="k" * 63, columns={"k" * 63: str, "c" * 63: int}, indexes=["c" * 63]),)
+
+
+def test_the_longest_names_stay_distinct_in_postgresql_for_many_generations(store: PostgresStore) -> None:
+    projection = LongNames()
+    store.ensure_live(projection, "S")
+    for generation in range(2, 13):
+        shadow = store.create_shadow(projection, "S", "rebuild", 0)
+        tx = store.writer(shadow, "rebuild").transaction()
+        tx.upsert("t" * 40, "key", {"c" * 63: generation})
+        tx.commit(1)
+        assert store.switch(shadow)
+    assert store.live_generation(projection.name).generation == 12  # type: ignore[union-attr]
+    assert store.rows("t" * 40) == [{"k" * 63: "key", "c" * 63: 12}]
+    assert {name for name, _ in store.relations()} >= {"t" * 40, "t" * 40 + "__g12"}
+
+
+def test_a_lock_wait_that_times_out_leaves_no_failed_transaction_behind(postgres_url: str) -> None:
+    schema = unique_schema()
+    with PostgresStore(postgres_url, schema=schema, timeout_s=1) as store:
+        _live_writer(store)
+        with psycopg.connect(postgres_url, autocommit=True) as other:  # another process changing generations
+            other.execute("SELECT pg_advisory_lock(hashtext(%s))", (f"jetsourcing:{schema}",))
+            with pytest.raises(psycopg.errors.QueryCanceled):
+                store.claim(AccountBalances.name, "late")
+        assert store.claim(AccountBalances.name, "late").owner == "late"  # the connection goes on
+
+
+def test_a_lost_connection_inside_a_handler_is_the_databases_fault_not_the_events(postgres_url: str) -> None:
+    projection = AccountBalances()
+    registry = TypeRegistry()
+    projection.bind(registry)
+    with PostgresStore(postgres_url, schema=unique_schema(), timeout_s=5) as store:
+        writer = _live_writer(store)
+        applier = Applier(projection, writer, ErrorPolicy.DEAD_LETTER, Counters())
+        opened = RecordedEvent(1, 0, StreamId("Account", "a"), 1, "AccountOpened", 1, "id1", b'{"owner":"o"}',
+                               "2025-01-01T00:00:00+00:00", registry=registry)
+        deposit = RecordedEvent(2, 0, StreamId("Account", "a"), 2, "Deposited", 1, "id2", b'{"amount":5}',
+                                "2025-01-01T00:00:00+00:00", registry=registry)
+        applier.apply([opened])
+        writer.cache.clear()  # type: ignore[attr-defined]  # the handler's get() must ask the database
+        _terminate(postgres_url, store)
+        with pytest.raises(store.transient_errors):
+            applier.apply([deposit])
+        assert store.dead_letters(projection.name) == []  # not dead-lettered: the daemon retries the batch
+        applier.apply([deposit])
+        assert store.get("balances", "a")["balance"] == 5  # type: ignore[index]
+
+
+def test_a_batch_whose_transaction_failed_is_never_reported_committed(store: PostgresStore) -> None:
+    writer = _live_writer(store)
+    tx = writer.transaction()
+    tx.upsert("balances", "a", _balance("a"))
+    with contextlib.suppress(psycopg.errors.DivisionByZero):
+        tx.execute("SELECT 1 / 0")  # type: ignore[attr-defined]  # a handler that swallows a failed statement
+    tx.upsert("balances", "b", _balance("b"))
+    with pytest.raises(psycopg.errors.InFailedSqlTransaction):
+        tx.commit(1)  # refused, never a COMMIT that PostgreSQL turns into a silent ROLLBACK
+    assert writer.checkpoint == 0 and store.rows("balances") == []
+    tx = writer.transaction()
+    tx.upsert("balances", "b", _balance("b"))
+    tx.commit(1)
+    assert [r["account_id"] for r in store.rows("balances")] == ["b"]
+
+
+def test_a_switch_waits_for_readers_without_holding_up_the_daemons_commits(postgres_url: str) -> None:
+    projection = AccountBalances()
+    schema = unique_schema()
+    with PostgresStore(postgres_url, schema=schema) as store, PostgresStore(postgres_url, schema=schema) as rebuilder:
+        daemon = _live_writer(store, "daemon")
+        shadow = rebuilder.create_shadow(projection, "S", "rebuild", 0)
+        rebuilder.writer(shadow, "rebuild").transaction().commit(100)
+        reader = psycopg.connect(postgres_url, options=f"-c search_path={schema}")  # a report, mid-transaction
+        reader.execute("SELECT count(*) FROM balances").fetchall()
+        switched: list[bool] = []
+        switching = threading.Thread(target=lambda: switched.append(rebuilder.switch(shadow)))
+        switching.start()
+        time.sleep(0.3)
+        started = time.monotonic()
+        tx = daemon.transaction()
+        tx.upsert("balances", "a", _balance("a"))
+        tx.commit(1)  # not stuck behind the switch, which waits for the reader
+        assert time.monotonic() - started < 1.0 and switching.is_alive()
+        reader.commit()
+        switching.join(10)
+        reader.close()
+        assert switched == [True]
+        assert store.live_generation(projection.name).generation == 2  # type: ignore[union-attr]

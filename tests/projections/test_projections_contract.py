@@ -382,3 +382,32 @@ def test_a_table_not_made_by_jetsourcing_is_never_taken_over(connect: StoreFacto
         assert store.live_generation("contract") is None  # nothing half-made
     finally:
         store.close()
+
+
+def _events(registry: TypeRegistry, *specs: tuple[int, str, bytes]) -> list[RecordedEvent]:
+    return [RecordedEvent(position, 0, StreamId("Account", "a"), position, type_name, 1, f"id{position}", data,
+                          "2025-01-01T00:00:00+00:00", registry=registry)
+            for position, type_name, data in specs]
+
+
+def test_a_batch_retried_after_part_of_it_committed_applies_each_commit_once(connect: StoreFactory) -> None:
+    projection = AccountBalances()
+    registry = TypeRegistry()
+    projection.bind(registry)
+    store = connect()
+    try:
+        store.ensure_live(projection, "S")
+        writer = store.writer(store.claim(projection.name, "daemon"), "daemon")
+        applier = Applier(projection, writer, ErrorPolicy.DEAD_LETTER, Counters())
+        batch = _events(registry, (1, "AccountOpened", b'{"owner":"o"}'), (2, "Deposited", b'{"amount":5}'),
+                        (3, "Deposited", b'{"amount":7}'))
+        applier.apply(batch[:2])  # what went in before the store failed part-way
+        applier.apply(batch)  # the daemon's retry of the whole batch
+        [row] = store.rows("balances")
+        assert (row["balance"], row["deposits"], writer.checkpoint) == (12, 2, 3)
+        tx = writer.transaction()
+        tx.upsert("balances", "b", _balance("b"))
+        with pytest.raises(ValueError, match="not past the stored 3"):
+            tx.commit(3)  # writes at the stored checkpoint would be a second application
+    finally:
+        store.close()

@@ -147,6 +147,7 @@ def test_two_handlers_for_one_type_are_refused() -> None:
     [
         (lambda: Table("bad name", key="a", columns={"a": str}), "Invalid table name"),
         (lambda: Table("_jetsourcing_x", key="a", columns={"a": str}), "reserved"),
+        (lambda: Table("t" * 41, key="a", columns={"a": str}), "at most 40"),
         (lambda: Table("t", key="a", columns={"a": str | None}), "nullable"),
         (lambda: Table("t", key="b", columns={"a": str}), "not among its columns"),
         (lambda: Table("t", key="a", columns={"a": str, "b": list}), "has type"),
