@@ -147,10 +147,6 @@ class PostgresStore(SqlStore):
         self.conn.execute("COMMIT")
         self._in_transaction = False
 
-    def lock_views(self, names: Sequence[str]) -> None:
-        if names:
-            self.conn.execute(f"LOCK TABLE {', '.join(quote(n) for n in names)} IN ACCESS EXCLUSIVE MODE")
-
     def column_type(self, python_type: type) -> str:
         return _TYPES[python_type]
 

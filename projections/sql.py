@@ -264,9 +264,6 @@ class SqlStore(ReadModelStore):
         """Commit the current transaction."""
         self.execute("COMMIT")
 
-    def lock_views(self, names: Sequence[str]) -> None:
-        """Inside a write transaction: wait until no reader uses the views ``names`` (before locking rows)."""
-
     # -- plumbing -----------------------------------------------------------
 
     def execute(self, statement: str, params: Sequence[Any] = ()) -> Cursor:
@@ -472,9 +469,6 @@ class SqlStore(ReadModelStore):
         name = shadow.projection
         with self._write():
             number = self._live_number(name)
-            old = None if number is None else self._gen(name, number)
-            # Readers first: waiting for them while holding the live row would stall the daemon's commits.
-            self.lock_views([t.name for t in tables_of(old.definition)] if old is not None else [])
             current = self._gen(name, shadow.generation, lock=True)
             if current is None or current.state != GenerationState.BUILDING or current.owner != shadow.owner:
                 raise RebuildError(

@@ -263,28 +263,3 @@ def test_a_batch_whose_transaction_failed_is_never_reported_committed(store: Pos
     tx.upsert("balances", "b", _balance("b"))
     tx.commit(1)
     assert [r["account_id"] for r in store.rows("balances")] == ["b"]
-
-
-def test_a_switch_waits_for_readers_without_holding_up_the_daemons_commits(postgres_url: str) -> None:
-    projection = AccountBalances()
-    schema = unique_schema()
-    with PostgresStore(postgres_url, schema=schema) as store, PostgresStore(postgres_url, schema=schema) as rebuilder:
-        daemon = _live_writer(store, "daemon")
-        shadow = rebuilder.create_shadow(projection, "S", "rebuild", 0)
-        rebuilder.writer(shadow, "rebuild").transaction().commit(100)
-        reader = psycopg.connect(postgres_url, options=f"-c search_path={schema}")  # a report, mid-transaction
-        reader.execute("SELECT count(*) FROM balances").fetchall()
-        switched: list[bool] = []
-        switching = threading.Thread(target=lambda: switched.append(rebuilder.switch(shadow)))
-        switching.start()
-        time.sleep(0.3)
-        started = time.monotonic()
-        tx = daemon.transaction()
-        tx.upsert("balances", "a", _balance("a"))
-        tx.commit(1)  # not stuck behind the switch, which waits for the reader
-        assert time.monotonic() - started < 1.0 and switching.is_alive()
-        reader.commit()
-        switching.join(10)
-        reader.close()
-        assert switched == [True]
-        assert store.live_generation(projection.name).generation == 2  # type: ignore[union-attr]
