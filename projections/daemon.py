@@ -351,6 +351,8 @@ class Daemon:
     async def run(self, *, until_caught_up: bool = False) -> dict[str, Outcome]:
         """Run every projection until :meth:`stop` (or, with ``until_caught_up``, until each has caught up)."""
         self._stop = asyncio.Event()
+        # Fail at once, in one error, when the read-model database cannot be used (each runner opens its own).
+        await asyncio.to_thread(lambda: open_store(self.settings).close())
         es = self.event_store or await connect_event_store(self.settings)
         try:
             for projection in self.projections:

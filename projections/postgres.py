@@ -30,6 +30,7 @@ from functools import lru_cache
 from typing import Any
 
 from .errors import ProjectionError
+from .settings import SCHEMA_PATTERN
 from .sql import SqlStore, quote
 
 try:
@@ -42,7 +43,7 @@ except ImportError as exc:  # pragma: no cover - the message is the point
 __all__ = ["PostgresStore"]
 
 _TYPES = {str: "TEXT", int: "BIGINT", float: "DOUBLE PRECISION", bool: "BOOLEAN", bytes: "BYTEA"}
-_SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+_SCHEMA_NAME = re.compile(SCHEMA_PATTERN)
 
 
 @lru_cache(maxsize=4096)
@@ -103,7 +104,7 @@ class PostgresStore(SqlStore):
             return conn
         except psycopg.Error as exc:
             raise ProjectionError(
-                f"Cannot connect to the read-model database ({str(exc).strip()}). Check JETSOURCING_DATABASE."
+                f"Cannot connect to the read-model database ({' '.join(str(exc).split())}). Check JETSOURCING_DATABASE."
             ) from exc
 
     def _alive(self) -> "psycopg.Connection[Any]":

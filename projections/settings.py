@@ -25,6 +25,9 @@ from .projection import ErrorPolicy
 
 __all__ = ["ProjectionSettings"]
 
+SCHEMA_PATTERN = r"^[a-z_][a-z0-9_]{0,62}$"
+"""A PostgreSQL schema jetsourcing may use: a plain lower-case identifier, never quoted differently."""
+
 _URL = re.compile(r"^postgres(ql)?://", re.IGNORECASE)
 _PASSWORD = re.compile(r"^([a-z]+://[^:/@]*):[^@]*@", re.IGNORECASE)
 
@@ -73,7 +76,7 @@ class ProjectionSettings(BaseSettings):
     )
     sqlite_busy_timeout_s: float = Field(default=30.0, gt=0, description="How long a write waits for another writer.")
     postgres_schema: str = Field(
-        default="public", pattern=r"^[a-z_][a-z0-9_]{0,62}$",
+        default="public", pattern=SCHEMA_PATTERN,
         description="The PostgreSQL schema holding the read models (created if missing).",
     )
     postgres_timeout_s: float = Field(

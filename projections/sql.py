@@ -53,7 +53,7 @@ from .store import (
     Writer,
     WriteTransaction,
 )
-from .tables import Key, Row, Table
+from .tables import Key, Row, Table, plain_text
 from .transaction import RowCache
 
 __all__ = ["SqlStore", "SqlTransaction", "SqlWriter", "physical_name"]
@@ -137,7 +137,7 @@ class Cursor(Protocol):
 
 def _text(value: str) -> str:
     """Error text as every database stores it: NUL and lone surrogates escaped (PostgreSQL refuses them)."""
-    if value.isascii() and "\x00" not in value:
+    if plain_text(value):
         return value
     return value.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
 

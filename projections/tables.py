@@ -58,7 +58,7 @@ def _as_int(value: Any) -> int:
     return int(value)
 
 
-def _plain_text(value: Any) -> bool:
+def plain_text(value: Any) -> bool:
     """True for text every backend stores as is (the fast, common case: ASCII without NUL)."""
     return bool(value.isascii() and "\x00" not in value)
 
@@ -208,7 +208,7 @@ class Table:
                 )
             if typ is int and not _INT_MIN <= _as_int(value) <= _INT_MAX:
                 raise RowError(f"Key {name!r}={value} of table {self.name!r} does not fit in 64 bits.")
-            if typ is str and not _plain_text(value):
+            if typ is str and not plain_text(value):
                 self._check_text(name, value)
         return values
 
@@ -232,7 +232,7 @@ class Table:
             key_name = self.key[0]
             key_type = self._key_types[0]
             if (type(key) is not key_type or (key_type is int and not _INT_MIN <= _as_int(key) <= _INT_MAX)
-                    or (key_type is str and not _plain_text(key))):
+                    or (key_type is str and not plain_text(key))):
                 self.key_values(key)  # raises the right error, if any
             row: Row = {key_name: key}
             if key_name in values and values[key_name] != key:
@@ -256,7 +256,7 @@ class Table:
                     self._check_text(name, value)
             elif typ is int and (value > _INT_MAX or value < _INT_MIN):  # type: ignore[operator]
                 raise RowError(f"Value {value} of {self.name}.{name} does not fit in 64 bits.")
-            elif typ is str and not _plain_text(value):
+            elif typ is str and not plain_text(value):
                 self._check_text(name, value)
             row[name] = value
         return row

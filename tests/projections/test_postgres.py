@@ -76,7 +76,7 @@ def test_bad_database_settings_are_refused(overrides: dict[str, Any], message: s
         ProjectionSettings(**overrides)
 
 
-@pytest.mark.parametrize("schema", ["", "Public", "a b", "x;drop", "1abc", 7, "y" * 64])
+@pytest.mark.parametrize("schema", ["", "Public", "a b", "x;drop", "1abc", 7, "y" * 64, "abc\n"])
 def test_a_bad_schema_is_refused_before_connecting(schema: Any) -> None:
     with pytest.raises(ProjectionError, match="Invalid PostgreSQL schema"):
         PostgresStore("postgresql://127.0.0.1:1/none", schema=schema)

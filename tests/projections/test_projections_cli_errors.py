@@ -18,12 +18,14 @@ TIMEOUT_S = 1.0
 BOUND_S = 2 * TIMEOUT_S + 4  # the request timeout, plus the interpreter's start-up on a loaded machine
 
 
-async def _run_cli(url: str, tmp_path: Path, *args: str, argv: list[str] | None = None) -> tuple[int, list[str], float]:
+async def _run_cli(url: str, tmp_path: Path, *args: str, argv: list[str] | None = None,
+                   database: str | None = None) -> tuple[int, list[str], float]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("JETSOURCING_")}
     env.update({
         "NATS_URL": url,
         "JETSOURCING_REQUEST_TIMEOUT_S": str(TIMEOUT_S),
-        "JETSOURCING_DATABASE": str(tmp_path / "views.sqlite3"),
+        "JETSOURCING_DATABASE": database or str(tmp_path / "views.sqlite3"),
+        "JETSOURCING_POSTGRES_TIMEOUT_S": str(TIMEOUT_S),
         "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT)]),
     })
     started = time.monotonic()
@@ -61,6 +63,20 @@ async def test_cli_reports_an_unusable_server_in_one_line(tmp_path: Path, server
     assert len(stderr) == 1 and stderr[0].startswith("jetsourcing: Could not connect to NATS"), stderr
     assert "Traceback" not in stderr[0]
     assert elapsed < BOUND_S, f"took {elapsed:.1f}s"
+
+
+@pytest.mark.parametrize("database", ["refused", "silent"])
+@pytest.mark.parametrize("command", [COMMANDS["run-burst"], COMMANDS["rebuild"], ("status",), ("dead-letters", "list")])
+async def test_cli_reports_an_unusable_postgresql_in_one_line(
+    nats_url: str, tmp_path: Path, database: str, command: tuple[str, ...]
+) -> None:
+    async with SilentServer() as silent:
+        port = EmbeddedServer().port if database == "refused" else silent.url.rsplit(":", 1)[1]
+        url = f"postgresql://u@127.0.0.1:{port}/views?sslmode=disable"
+        code, stderr, elapsed = await _run_cli(nats_url, tmp_path, *command, database=url)
+    assert code == 1, stderr
+    assert len(stderr) == 1 and stderr[0].startswith("jetsourcing: Cannot connect to the read-model database"), stderr
+    assert elapsed < BOUND_S + 1, f"took {elapsed:.1f}s"  # libpq waits at least 2 s for a silent server
 
 
 async def test_cli_debug_adds_the_traceback(tmp_path: Path) -> None:
