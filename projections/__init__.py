@@ -57,10 +57,12 @@ from .reactors import (
     ReactorStats,
     ReactorStatus,
     ReactorWorker,
+    RetryResult,
     drop_reactor_dead_letters,
     format_reactor_status,
     read_reactor_dead_letters,
     read_reactor_status,
+    retry_reactor_dead_letters,
     run_reactor,
 )
 
@@ -100,6 +102,7 @@ __all__ = [
     "ReadModelStore",
     "RebuildError",
     "RebuildResult",
+    "RetryResult",
     "RichProgress",
     "RowError",
     "SqlTransaction",
@@ -120,6 +123,7 @@ __all__ = [
     "read_status",
     "read_statuses",
     "rebuild",
+    "retry_reactor_dead_letters",
     "run_daemon",
     "run_reactor",
 ]

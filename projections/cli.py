@@ -8,6 +8,7 @@
     jetsourcing rebuild myapp.views:AccountBalances --resume           # go on after an interrupted one
     jetsourcing status [--json]
     jetsourcing dead-letters list                                      # projections' and reactors' dead letters
+    jetsourcing dead-letters retry myapp.reactors:mailer --all         # run a reactor again on its dead letters
     jetsourcing dead-letters drop --projection balances --position 1042
     jetsourcing serve myapp.commands:service                           # commands over NATS (aggregates.cli)
     jetsourcing spark rebuild myapp.views:AccountBalances --root DIR   # Spark and Delta (spark_projections.cli)
@@ -49,7 +50,13 @@ from eventstore import EventStoreError, EventStoreSettings, ImportPathError
 
 from .backends import store_exists
 from .daemon import SignalShutdown, run_daemon
-from .dead_letter_commands import drop_dead_letters, format_dead_letters, read_dead_letters
+from .dead_letter_commands import (
+    PROJECTION_RETRY,
+    drop_dead_letters,
+    format_dead_letters,
+    read_dead_letters,
+    retry_dead_letters,
+)
 from .errors import ProjectionError, ProjectionLoadError
 from .loading import load_projection
 from .logs import configure_logging
@@ -111,15 +118,18 @@ def _parser() -> argparse.ArgumentParser:
         epilog="examples: jetsourcing status | jetsourcing status --json | jetsourcing status --watch 1",
     )
     dead = commands.add_parser(
-        "dead-letters", parents=[common], help="the projections' and reactors' dead letters; drop handled ones",
-        epilog="examples: jetsourcing dead-letters list | jetsourcing dead-letters drop --projection balances "
-        "--position 1042 | jetsourcing dead-letters drop --reactor mailer --all",
+        "dead-letters", parents=[common], help="the projections' and reactors' dead letters: list, retry, drop",
+        epilog="examples: jetsourcing dead-letters list | jetsourcing dead-letters retry myapp.reactors:mailer "
+        "--position 1042 | jetsourcing dead-letters drop --projection balances --position 1042 | "
+        "jetsourcing dead-letters drop --reactor mailer --all",
     )
-    dead.add_argument("action", choices=["list", "drop"])
+    dead.add_argument("action", choices=["list", "retry", "drop"])
+    dead.add_argument("code", nargs="?", metavar="module:reactor",
+                      help="retry: the reactor whose handlers run again on its dead letters")
     dead.add_argument("--projection", help="drop: the projection's dead letters (its name)")
     dead.add_argument("--reactor", help="drop: the reactor's dead letters (its name)")
-    dead.add_argument("--position", type=int, help="drop: the dead letters of the commit at this stream position")
-    dead.add_argument("--all", action="store_true", help="drop: every dead letter of the projection or reactor")
+    dead.add_argument("--position", type=int, help="retry, drop: the dead letters of the commit at this position")
+    dead.add_argument("--all", action="store_true", help="retry, drop: every dead letter of the reactor (or projection)")
     dead.add_argument("--json", action="store_true", help="list: print JSON instead of a table")
 
     status.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -274,8 +284,18 @@ def _dead_letters(args: argparse.Namespace, settings: ProjectionSettings) -> int
             if missing:
                 print(f"(not shown: {missing})")
         return 0
+    if args.action == "retry" and args.projection is not None:
+        raise ProjectionError(PROJECTION_RETRY)
     if (args.position is None) == (not args.all):
-        raise ProjectionError("drop needs --position P (one commit's dead letters) or --all, not both.")
+        raise ProjectionError(f"{args.action} needs --position P (one commit's dead letters) or --all, not both.")
+    if args.action == "retry":
+        result = asyncio.run(retry_dead_letters(settings, reactor=args.code,
+                                                position=None if args.all else args.position))
+        for position, error in result.failed:
+            print(f"position {position}: failed again, the dead letter stays: {error}")
+        print(f"retried {len(result.retried)} dead letter(s) of reactor {args.code}: handled and deleted; "
+              f"{len(result.failed)} failed again")
+        return 1 if result.failed else 0
     dropped = asyncio.run(drop_dead_letters(settings, projection=args.projection, reactor=args.reactor,
                                             position=None if args.all else args.position))
     print(f"dropped {dropped} dead letter(s) of {'projection' if args.projection else 'reactor'} "

@@ -1,10 +1,14 @@
-"""``jetsourcing dead-letters``: every dead letter of the projections and the reactors, and dropping handled ones.
+"""``jetsourcing dead-letters``: every dead letter of the projections and the reactors; retrying and dropping them.
 
 A projection's dead letters (``error_policy="dead_letter"``) live in its
 read-model store with the generation they belong to; a reactor's live in the
 dead-letter stream. ``list`` shows both; ``drop`` forgets the ones you have
 dealt with by hand, and changes nothing else (no read model, checkpoint or
-consumer moves).
+consumer moves); ``retry`` runs a reactor's handlers again on its dead letters
+(:mod:`projections.reactors.retry`). A projection's dead-lettered commit is not
+retried on its own: the commits after it were applied without it, so applying
+it now would apply it out of order. Its retry is a rebuild, which applies
+every commit in order with the fixed handler (see :data:`PROJECTION_RETRY`).
 """
 
 from __future__ import annotations
@@ -14,16 +18,33 @@ import contextlib
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from eventstore import EventStoreError
+from eventstore import EventStoreError, ImportPathError, import_object
 
 from .backends import open_store, store_exists
 from .connection import connect_event_store
 from .errors import ProjectionError
 from .reactors.dead_letters import drop_reactor_dead_letters, read_reactor_dead_letters
+from .reactors.retry import RetryResult, retry_reactor_dead_letters
+from .reactors.worker import Reactor
 from .settings import ProjectionSettings
 from .text import aligned
 
-__all__ = ["DeadLetterEntry", "drop_dead_letters", "format_dead_letters", "read_dead_letters"]
+__all__ = [
+    "PROJECTION_RETRY",
+    "DeadLetterEntry",
+    "drop_dead_letters",
+    "format_dead_letters",
+    "read_dead_letters",
+    "retry_dead_letters",
+]
+
+PROJECTION_RETRY = (
+    "A projection's dead-lettered commit is not retried on its own: the commits after it were applied without it, "
+    "so applying it now would apply it out of order. Fix the handler, then rebuild the projection (jetsourcing "
+    "rebuild module:Projection, or bump its version for the daemon to rebuild): the rebuild applies every commit "
+    "in order, and its dead letters are the ones the fixed code still fails on."
+)
+"""Why ``dead-letters retry --projection`` refuses, and what to do instead."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,3 +132,26 @@ def format_dead_letters(entries: list[DeadLetterEntry]) -> str:
     rows = [("kind", "name", "position", "stream", "type", "error")]
     rows += [(e.kind, e.name, str(e.position), e.stream, e.event_type, e.error[:80]) for e in entries]
     return "\n".join(aligned(rows))
+
+
+async def retry_dead_letters(
+    settings: ProjectionSettings, *, reactor: str | None = None, projection: str | None = None,
+    position: int | None = None,
+) -> RetryResult:
+    """Run the reactor at import path ``reactor`` (``module:attribute``) on its dead letters at ``position`` (every
+    one when None); a ``projection`` is refused with :data:`PROJECTION_RETRY`."""
+    if projection is not None:
+        raise ProjectionError(PROJECTION_RETRY)
+    if reactor is None:
+        raise ProjectionError("retry needs the reactor to run, as module:attribute (e.g. myapp.reactors:mailer).")
+    try:
+        loaded = import_object(reactor)
+    except ImportPathError as exc:
+        raise ProjectionError(str(exc)) from exc
+    if not isinstance(loaded, Reactor):
+        raise ProjectionError(f"{reactor!r} is {loaded!r:.80}, not a Reactor.")
+    es = await connect_event_store(settings)
+    try:
+        return await retry_reactor_dead_letters(es, loaded, position)
+    finally:
+        await es.close()

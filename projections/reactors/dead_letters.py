@@ -40,6 +40,7 @@ __all__ = [
     "ReactorDeadLetter",
     "dead_letter_stream",
     "dead_letter_subject",
+    "delete_dead_letter",
     "drop_reactor_dead_letters",
     "ensure_dead_letter_stream",
     "publish_dead_letter",
@@ -233,12 +234,17 @@ async def drop_reactor_dead_letters(store: EventStore, reactor: str, position: i
     """Delete ``reactor``'s dead letters of the commit at stream ``position`` (every one when None) from the
     dead-letter stream, as handled by hand; returns how many there were."""
     letters = [d for d in await read_reactor_dead_letters(store, reactor) if position is None or d.position == position]
-    js = store.nc.jetstream(timeout=store.settings.request_timeout_s)
     for letter in letters:
-        try:
-            await js.delete_msg(dead_letter_stream(store.settings), letter.dlq_position)
-        except (NatsError, asyncio.TimeoutError) as exc:
-            raise DeadLetterStreamError(
-                f"Could not delete the dead letter of position {letter.position} for reactor {reactor!r}: {exc}"
-            ) from exc
+        await delete_dead_letter(store, letter)
     return len(letters)
+
+
+async def delete_dead_letter(store: EventStore, letter: ReactorDeadLetter) -> None:
+    """Delete one dead letter from the dead-letter stream."""
+    js = store.nc.jetstream(timeout=store.settings.request_timeout_s)
+    try:
+        await js.delete_msg(dead_letter_stream(store.settings), letter.dlq_position)
+    except (NatsError, asyncio.TimeoutError) as exc:
+        raise DeadLetterStreamError(
+            f"Could not delete the dead letter of position {letter.position} for reactor {letter.reactor!r}: {exc}"
+        ) from exc

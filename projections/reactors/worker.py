@@ -66,7 +66,7 @@ from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
 from pydantic import BaseModel
 
-from eventstore import Backoff, EventStore, EventStoreError, Header, RecordedEvent, stop_task
+from eventstore import Backoff, EventStore, EventStoreError, Header, RecordedEvent, TypeRegistry, stop_task
 from eventstore.streams import validate_category
 
 from ..metrics import REACTOR_DEAD_LETTERS, REACTOR_DELIVERIES, REACTOR_REDELIVERIES
@@ -176,6 +176,31 @@ class Reactor:
     start: ReactorStart = field(default_factory=ReactorStart.all)
     max_ack_pending: int = 1000
     description: str = ""
+
+    def handlers_by_type(self, registry: TypeRegistry) -> dict[str, ReactorHandler]:
+        """The handlers keyed by stored type name (a class key by its name in ``registry``); events of other
+        types go to :attr:`handler`."""
+        handlers: dict[str, ReactorHandler] = {}
+        for key, fn in self.handlers.items():
+            try:
+                type_name = key if isinstance(key, str) else registry.name_of(key)[0]
+            except EventStoreError as exc:
+                raise ReactorConfigError(f"Reactor {self.name!r}: {exc}") from exc
+            handlers[type_name] = fn
+        return handlers
+
+    async def handle(self, events: Sequence[RecordedEvent], handlers: Mapping[str, ReactorHandler]) -> tuple[int, int]:
+        """Run one commit's events through ``handlers`` (from :meth:`handlers_by_type`), in order; return how many
+        were handled and skipped (no handler). A handler's exception propagates."""
+        handled = skipped = 0
+        for event in events:
+            fn = handlers.get(event.type, self.handler)
+            if fn is None:
+                skipped += 1
+                continue
+            await fn(event)
+            handled += 1
+        return handled, skipped
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.fullmatch(self.name):
@@ -361,14 +386,7 @@ class ReactorWorker:
         Call it ahead of ``run()`` to fix where a :meth:`ReactorStart.new` reactor
         starts, e.g. at deploy time.
         """
-        registry = self.store.registry
-        self._handlers = {}
-        for key, fn in self.reactor.handlers.items():
-            try:
-                type_name = key if isinstance(key, str) else registry.name_of(key)[0]
-            except EventStoreError as exc:
-                raise ReactorConfigError(f"Reactor {self.reactor.name!r}: {exc}") from exc
-            self._handlers[type_name] = fn
+        self._handlers = self.reactor.handlers_by_type(self.store.registry)
         await self._ensure_consumer()
         await ensure_dead_letter_stream(self.store)
         r = self.reactor
@@ -673,14 +691,7 @@ class ReactorWorker:
             except EventStoreError as exc:
                 await self._dead_letter(msg, DeadLetterReason.UNDECODABLE, exc, position, delivery)
                 return
-            handled = skipped = 0
-            for event in events:
-                fn = self._handlers.get(event.type, self.reactor.handler)
-                if fn is None:
-                    skipped += 1
-                    continue
-                await fn(event)
-                handled += 1
+            handled, skipped = await self.reactor.handle(events, self._handlers)
             await self._ack(msg, position)
             self.stats.handled += handled
             self.stats.skipped += skipped

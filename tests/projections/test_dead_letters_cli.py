@@ -5,23 +5,22 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
+from pathlib import Path
 
-from pydantic import BaseModel
+import pytest
 
 from eventstore import EventStore, RecordedEvent, StreamId
 from projections import ErrorPolicy, PoisonEvent, ProjectionSettings, Reactor, read_status, run_reactor
 
 from projection_examples import ACCOUNT, AccountOpened, Corrupted, Deposited, FragileBalances
 from projection_helpers import ROOT, both_stores, burst, cli, cli_env
+from reactor_examples import Shipped
 
 
-class Shipped(BaseModel):
-    n: int
-
-
-async def jetsourcing(settings: ProjectionSettings, *args: str) -> tuple[int, str, str]:
+async def jetsourcing(settings: ProjectionSettings, *args: str, **env: str) -> tuple[int, str, str]:
     done = await asyncio.to_thread(
-        subprocess.run, cli(*args), env=cli_env(settings), cwd=ROOT, capture_output=True, text=True, timeout=60
+        subprocess.run, cli(*args), env={**cli_env(settings), **env}, cwd=ROOT, capture_output=True, text=True,
+        timeout=60,
     )
     return done.returncode, done.stdout, done.stderr
 
@@ -78,6 +77,55 @@ async def test_list_and_drop_a_reactors_dead_letters(es: EventStore, psettings: 
     assert (code, out.strip()) == (0, "dropped 1 dead letter(s) of reactor shipper"), err
     code, out, _ = await jetsourcing(psettings, "dead-letters", "list", "--json")
     assert [d["position"] for d in json.loads(out)["dead_letters"]] == [positions[0]]
+
+
+async def test_retry_runs_a_reactor_again_on_its_dead_letters(
+    es: EventStore, psettings: ProjectionSettings, tmp_path: Path
+) -> None:
+    es.registry.register(Shipped)
+    positions = [(await es.append(StreamId("Order", f"o{n}"), [Shipped(n=n)])).position for n in range(3)]
+
+    async def broken(event: RecordedEvent) -> None:
+        raise PoisonEvent("the carrier is down")
+
+    async with asyncio.timeout(15):
+        await run_reactor(es, Reactor("shipper", handler=broken), until_idle=True)
+    shipped = tmp_path / "shipped.txt"
+    shipped.touch()
+
+    code, out, err = await jetsourcing(psettings, "dead-letters", "retry", "reactor_examples:shipper", "--position",
+                                       str(positions[1]), SHIPPED_LOG=str(shipped))
+    assert (code, out.strip()) == (0, "retried 1 dead letter(s) of reactor reactor_examples:shipper: handled and "
+                                      "deleted; 0 failed again"), err
+    assert shipped.read_text() == "1\n"  # the side effect ran, once
+
+    code, out, err = await jetsourcing(psettings, "dead-letters", "retry", "reactor_examples:shipper", "--all",
+                                       SHIPPED_LOG=str(shipped), SHIPPER_BROKEN="2")
+    assert code == 1, err
+    assert out.splitlines() == [
+        f"position {positions[2]}: failed again, the dead letter stays: RuntimeError: order 2 still cannot ship",
+        "retried 1 dead letter(s) of reactor reactor_examples:shipper: handled and deleted; 1 failed again",
+    ]
+    assert shipped.read_text() == "1\n0\n"
+    code, out, _ = await jetsourcing(psettings, "dead-letters", "list", "--json")
+    assert [d["position"] for d in json.loads(out)["dead_letters"]] == [positions[2]]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--projection", "balances", "--all"), "apply it out of order"),
+        (("--all",), "retry needs the reactor to run"),
+        (("reactor_examples:Shipped", "--all"), "not a Reactor"),
+        (("no_such_module:thing", "--all"), "no_such_module"),
+        (("reactor_examples:shipper",), "needs --position P"),
+    ],
+)
+async def test_retry_refuses_what_it_cannot_do_in_one_line(
+    psettings: ProjectionSettings, args: tuple[str, ...], message: str
+) -> None:
+    code, _, err = await jetsourcing(psettings, "dead-letters", "retry", *args)
+    assert code == 1 and len(err.splitlines()) == 1 and err.startswith("jetsourcing: ") and message in err, err
 
 
 async def test_drop_needs_one_target_and_one_selection(psettings: ProjectionSettings) -> None:
