@@ -22,7 +22,7 @@ from collections.abc import Generator
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
-from eventstore import EventStore, EventStoreSettings, InvalidArgumentError
+from eventstore import EventLog, EventStore, EventStoreSettings, InMemoryEventStore, InvalidArgumentError
 
 from .aggregate import Aggregate
 from .repository import Repository
@@ -48,9 +48,11 @@ class Application:
     apply to every repository it makes; :meth:`repository` takes its own.
     """
 
-    def __init__(self, store: EventStore, **repository_options: Any) -> None:
-        if not isinstance(store, EventStore):
-            raise InvalidArgumentError(f"An Application needs a connected EventStore, not {store!r:.80}.")
+    def __init__(self, store: EventLog, **repository_options: Any) -> None:
+        if not isinstance(store, (EventStore, InMemoryEventStore)):
+            raise InvalidArgumentError(
+                f"An Application needs a connected EventStore (or, in tests, an InMemoryEventStore), not {store!r:.80}."
+            )
         self.store = store
         self._options = repository_options
         self._repositories: dict[type[Aggregate[Any]], Repository[Any]] = {}
@@ -79,7 +81,13 @@ class Application:
         return repository
 
     def command_service(self, **options: Any) -> CommandService:
-        """A :class:`CommandService` on this application's store (``options`` go to it); add the commands."""
+        """A :class:`CommandService` on this application's store (``options`` go to it); add the commands.
+
+        Commands travel over NATS: the store must be an :class:`~eventstore.EventStore`.
+        """
+        if not isinstance(self.store, EventStore):
+            raise InvalidArgumentError("Commands are served over NATS: command_service() needs an EventStore, not "
+                                       f"{type(self.store).__name__}.")
         return CommandService(self.store, **options)
 
     async def close(self) -> None:

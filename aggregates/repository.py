@@ -25,6 +25,7 @@ from eventstore import (
     NO_STREAM,
     ConcurrencyError,
     EntityAppend,
+    EventLog,
     EventStore,
     InvalidArgumentError,
     RecordedEvent,
@@ -54,7 +55,8 @@ class _CountedLock(asyncio.Lock):
 
 
 class Repository(Generic[A]):
-    """Loads and saves one aggregate type through an :class:`~eventstore.EventStore`.
+    """Loads and saves one aggregate type through an :class:`~eventstore.EventStore` (or, in domain tests, an
+    :class:`~eventstore.InMemoryEventStore`).
 
     Guarantees:
 
@@ -77,7 +79,7 @@ class Repository(Generic[A]):
 
     def __init__(
         self,
-        store: EventStore,
+        store: EventLog,
         aggregate_type: type[A],
         *,
         snapshot_every: int | None = None,
@@ -93,9 +95,14 @@ class Repository(Generic[A]):
         self._locks: dict[str, _CountedLock] = {}
         self._registered: set[type[Aggregate[Any]]] = set()
         self._register(aggregate_type)
+        if snapshot_every and not isinstance(store, EventStore):
+            raise InvalidArgumentError(
+                f"Snapshots live in JetStream: snapshot_every needs an EventStore, not {type(store).__name__} "
+                "(test snapshots against the embedded server)."
+            )
         self._snapshots = (
             SnapshotStore(
-                store,
+                store,  # type: ignore[arg-type]  # an EventStore, checked above
                 aggregate_type.category,
                 aggregate_type.state_type,
                 every=snapshot_every,

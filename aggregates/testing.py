@@ -1,4 +1,4 @@
-"""Given/when/then tests of an aggregate's commands, against a real event store::
+"""Given/when/then tests of an aggregate's commands, against a real event store or an in-memory one::
 
     await scenario(store, Dog).given(Registered(name="Fido")).when(lambda dog: dog.add_trick("roll")).then(
         TrickAdded(trick="roll")
@@ -19,7 +19,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel
 
-from eventstore import NO_STREAM, EventStore, InvalidArgumentError
+from eventstore import NO_STREAM, EventLog, InvalidArgumentError
 
 from .aggregate import Aggregate
 from .application import Application, new_id
@@ -30,8 +30,9 @@ __all__ = ["Scenario", "scenario"]
 A = TypeVar("A", bound=Aggregate[Any])
 
 
-def scenario(store: EventStore | Application, aggregate_type: type[A]) -> Scenario[A]:
-    """A scenario for ``aggregate_type`` on ``store`` (or an application's store)."""
+def scenario(store: EventLog | Application, aggregate_type: type[A]) -> Scenario[A]:
+    """A scenario for ``aggregate_type`` on ``store`` (an :class:`~eventstore.EventStore`, an
+    :class:`~eventstore.InMemoryEventStore`, or an application's store)."""
     if isinstance(store, Application):
         return Scenario(store.repository(aggregate_type))
     return Scenario(Repository(store, aggregate_type, cache_size=0))

@@ -37,6 +37,8 @@ from .security import ConnectionSecurity, connect_options
 from .server import EmbeddedServer, find_nats_server
 from .settings import EventStoreSettings
 from .store import EntityInfo, EventStore, Pending, StoreInfo
+from .log import EventLog
+from .memory import InMemoryEventStore
 from .streams import StreamId, decode_entity_id, encode_entity_id
 from .tasks import Backoff, Outage, stop_task
 from .wire import Header, decode_commit, encode_commit
@@ -53,6 +55,7 @@ __all__ = [
     "EntityAppend",
     "EntityInfo",
     "EventDecodeError",
+    "EventLog",
     "EventStore",
     "EventStoreError",
     "EventStoreSettings",
@@ -60,6 +63,7 @@ __all__ = [
     "ExpectedVersion",
     "Header",
     "ImportPathError",
+    "InMemoryEventStore",
     "InvalidArgumentError",
     "InvalidEventError",
     "InvalidStreamIdError",

@@ -210,6 +210,71 @@ class _Commit:
         return AppendResult(self.request.stream_id, position, self.prev_version + 1, self.prev_version + count, duplicate)
 
 
+def build_commit(
+    registry: TypeRegistry, subject_prefix: str, request: EntityAppend, commit_msg_id: str, key: str | None
+) -> _Commit:
+    """One entity's part of an append, its events encoded by ``registry`` (and so checked: see
+    :meth:`TypeRegistry.encode`). Event ids derive from ``key`` when given, so a retry stores the same ids."""
+    if not request.events:
+        raise InvalidEventError(f"Nothing to append to {request.stream_id}: the list of events is empty.")
+    types, versions, ids, payloads = [], [], [], []
+    escaped = None if key is None else escape_key(key)  # encodable, and the same as the key for plain keys
+    for i, event in enumerate(request.events):
+        if not isinstance(event, BaseModel):
+            raise InvalidEventError(
+                f"Cannot append {event!r} to {request.stream_id}: events must be instances of registered pydantic models."
+            )
+        name, version, payload = registry.encode(event, request.stream_id)
+        types.append(name)
+        versions.append(version)
+        ids.append(uuid.uuid5(uuid.NAMESPACE_URL, f"{escaped}/{request.stream_id}/{i}").hex if escaped else secrets.token_hex(16))
+        payloads.append(payload)
+    subject = request.stream_id.subject(subject_prefix)
+    return _Commit(request, subject, commit_msg_id, types, versions, ids, payloads, key)
+
+
+def check_append(
+    requests: Sequence[EntityAppend], idempotency_key: object, correlation_id: object, causation_id: object
+) -> tuple[str | None, str | None, str | None]:
+    """Check an append's arguments as every event store does; return the checked key and metadata."""
+    if isinstance(requests, (str, bytes)) or not isinstance(requests, Sequence) or not all(
+        isinstance(r, EntityAppend) for r in requests
+    ):
+        raise InvalidArgumentError(
+            f"Invalid requests: {requests!r:.80}; append_many takes a list of EntityAppend, one per entity."
+        )
+    key = check_idempotency_key(idempotency_key)
+    correlation = check_metadata("correlation_id", correlation_id)
+    causation = check_metadata("causation_id", causation_id)
+    if not requests:
+        raise InvalidEventError("Nothing to append: no entities were given.")
+    if len(requests) > MAX_ENTITIES_PER_APPEND:
+        raise InvalidEventError(
+            f"One atomic append can span at most {MAX_ENTITIES_PER_APPEND} entities, not {len(requests)}; "
+            "split it into several appends."
+        )
+    seen: set[StreamId] = set()
+    for request in requests:
+        if request.stream_id in seen:
+            raise InvalidEventError(
+                f"{request.stream_id} appears twice in one append; put all its events in one EntityAppend."
+            )
+        seen.add(request.stream_id)
+    return key, correlation, causation
+
+
+def check_commit_size(commit: _Commit, headers: dict[str, str], body: bytes, limit: int) -> None:
+    """Refuse, before anything is sent, a commit the server would refuse by closing the connection."""
+    header_size = header_block_size(headers)
+    if header_size + len(body) > limit:
+        raise EventTooLargeError(
+            f"The commit of {len(commit.payloads)} event(s) to {commit.request.stream_id} takes "
+            f"{header_size + len(body)} bytes as sent ({header_size} of headers, {len(body)} of events), more than "
+            f"the server's max_payload of {limit} bytes. Nothing was stored. Keep large blobs out of events and long "
+            "values out of correlation ids and keys, split the append, or raise max_payload on the server."
+        )
+
+
 class _Conflict(Exception):
     """The server rejected the append: its concurrency check, or (``duplicate_id``) a batch's known msg id."""
 
@@ -442,24 +507,6 @@ class Appender:
 
     # -- building commits ---------------------------------------------------
 
-    def _build(self, request: EntityAppend, commit_msg_id: str, key: str | None) -> _Commit:
-        if not request.events:
-            raise InvalidEventError(f"Nothing to append to {request.stream_id}: the list of events is empty.")
-        types, versions, ids, payloads = [], [], [], []
-        escaped = None if key is None else escape_key(key)  # encodable, and the same as the key for plain keys
-        for i, event in enumerate(request.events):
-            if not isinstance(event, BaseModel):
-                raise InvalidEventError(
-                    f"Cannot append {event!r} to {request.stream_id}: events must be instances of registered pydantic models."
-                )
-            name, version, payload = self._registry.encode(event, request.stream_id)
-            types.append(name)
-            versions.append(version)
-            ids.append(uuid.uuid5(uuid.NAMESPACE_URL, f"{escaped}/{request.stream_id}/{i}").hex if escaped else secrets.token_hex(16))
-            payloads.append(payload)
-        subject = request.stream_id.subject(self._settings.subject_prefix)
-        return _Commit(request, subject, commit_msg_id, types, versions, ids, payloads, key)
-
     async def _resolve_previous(self, commit: _Commit) -> None:
         """Find the version and position the commit must follow, raising ConcurrencyError early when known."""
         request = commit.request
@@ -491,26 +538,12 @@ class Appender:
         causation_id: str | None = None,
     ) -> list[AppendResult]:
         """Append every request's events atomically (all entities or none); see the module docs."""
-        key = check_idempotency_key(idempotency_key)
-        correlation_id = check_metadata("correlation_id", correlation_id)
-        causation_id = check_metadata("causation_id", causation_id)
-        if not requests:
-            raise InvalidEventError("Nothing to append: no entities were given.")
-        if len(requests) > MAX_ENTITIES_PER_APPEND:
-            raise InvalidEventError(
-                f"One atomic append can span at most {MAX_ENTITIES_PER_APPEND} entities, not {len(requests)}; "
-                "split it into several appends."
-            )
-        seen: set[StreamId] = set()
-        for request in requests:
-            if request.stream_id in seen:
-                raise InvalidEventError(
-                    f"{request.stream_id} appears twice in one append; put all its events in one EntityAppend."
-                )
-            seen.add(request.stream_id)
+        key, correlation_id, causation_id = check_append(requests, idempotency_key, correlation_id, causation_id)
         append_id = escape_key(key) if key is not None else secrets.token_hex(16)
         single = len(requests) == 1
-        commits = [self._build(r, msg_id(append_id, None if single else i), key) for i, r in enumerate(requests)]
+        prefix = self._settings.subject_prefix
+        commits = [build_commit(self._registry, prefix, r, msg_id(append_id, None if single else i), key)
+                   for i, r in enumerate(requests)]
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._race_budget_s()
         races = 0
@@ -549,17 +582,8 @@ class Appender:
             return results
 
     def _check_size(self, commits: list[_Commit], encoded: list[tuple[dict[str, str], bytes]]) -> None:
-        """Refuse, before anything is sent, a message the server would refuse by closing the connection."""
-        limit = self._nc.max_payload
         for c, (headers, body) in zip(commits, encoded):
-            header_size = header_block_size(headers)
-            if header_size + len(body) > limit:
-                raise EventTooLargeError(
-                    f"The commit of {len(c.payloads)} event(s) to {c.request.stream_id} takes {header_size + len(body)} "
-                    f"bytes as sent ({header_size} of headers, {len(body)} of events), more than the server's "
-                    f"max_payload of {limit} bytes. Nothing was stored. Keep large blobs out of events and long "
-                    "values out of correlation ids and keys, split the append, or raise max_payload on the server."
-                )
+            check_commit_size(c, headers, body, self._nc.max_payload)
 
     async def _publish(
         self, commits: list[_Commit], correlation_id: str | None, causation_id: str | None

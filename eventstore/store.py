@@ -50,7 +50,19 @@ from .server import EmbeddedServer
 from .settings import EventStoreSettings
 from .stream_check import config_problems
 from .streams import StreamId, decode_entity_id, validate_category
-from .validation import check_bool, check_categories, check_int, check_optional_int, check_seconds, check_stream_id
+from .validation import (
+    MAX_BATCH,
+    check_bool,
+    check_categories,
+    check_find_append,
+    check_int,
+    check_optional_int,
+    check_read,
+    check_read_all,
+    check_remember,
+    check_seconds,
+    check_stream_id,
+)
 from .tasks import Outage
 from .wire import Header, commit_version
 
@@ -59,7 +71,6 @@ __all__ = ["EntityInfo", "EventStore", "StoreInfo"]
 log = logging.getLogger("jetsourcing.eventstore")
 
 
-_MAX_BATCH = 100_000
 """The most messages one read batch may ask for (a batch is held in memory whole)."""
 
 
@@ -394,12 +405,6 @@ class EventStore:
         Each entity's expected version is checked by the server; a conflict on
         any one rejects the whole append with :class:`ConcurrencyError`.
         """
-        if isinstance(requests, (str, bytes)) or not isinstance(requests, Sequence) or not all(
-            isinstance(r, EntityAppend) for r in requests
-        ):
-            raise InvalidArgumentError(
-                f"Invalid requests: {requests!r:.80}; append_many takes a list of EntityAppend, one per entity."
-            )
         return await self._appender.append(
             requests, idempotency_key=idempotency_key, correlation_id=correlation_id, causation_id=causation_id
         )
@@ -410,11 +415,7 @@ class EventStore:
         Searches the entity's commits, so it finds appends of any age (not only
         within the duplicate window).
         """
-        check_stream_id("stream_id", stream_id)
-        if not isinstance(idempotency_key, str) or not idempotency_key:
-            raise InvalidArgumentError(
-                f"Invalid idempotency_key: {idempotency_key!r:.80}; it must be a non-empty string."
-            )
+        check_find_append(stream_id, idempotency_key)
         return await self._appender.find_append(stream_id, idempotency_key)
 
     def remember(self, stream_id: StreamId, version: int, position: int) -> None:
@@ -422,12 +423,7 @@ class EventStore:
 
         Both are ints >= 0, and 0 together (an entity without events); else :class:`InvalidArgumentError`.
         """
-        check_stream_id("stream_id", stream_id)
-        if (check_int("version", version, 0) == 0) != (check_int("position", position, 0) == 0):
-            raise InvalidArgumentError(
-                f"Invalid (version, position) ({version}, {position}) for {stream_id}: both are 0 for an entity "
-                "without events, both >= 1 for one with events."
-            )
+        check_remember(stream_id, version, position)
         self._appender.remember(stream_id, version, position)
 
     # -- reading ------------------------------------------------------------
@@ -447,11 +443,7 @@ class EventStore:
         ``from_position`` >= 0 (ints; 0 and 1 both mean from the start),
         ``consistent`` a bool; else :class:`InvalidArgumentError`.
         """
-        check_stream_id("stream_id", stream_id)
-        check_int("from_version", from_version, 1, what="a version")
-        check_optional_int("to_version", to_version, from_version, what="a version")
-        check_int("from_position", from_position, 0, what="a position")
-        check_bool("consistent", consistent)
+        check_read(stream_id, from_version, to_version, from_position, consistent)
         return await self._reader.read(
             stream_id,
             from_version=from_version,
@@ -476,10 +468,7 @@ class EventStore:
         1 to 100,000; else :class:`InvalidArgumentError` (or
         :class:`InvalidStreamIdError` for a bad category name).
         """
-        check_int("from_position", from_position, 1, what="a position")
-        check_optional_int("to_position", to_position, 0, what="a position")
-        check_categories(categories)
-        check_int("batch", batch, 1, _MAX_BATCH)
+        check_read_all(from_position, to_position, categories, batch)
         return self._reader.read_all(
             from_position=from_position, to_position=to_position, categories=categories, batch=batch
         )
@@ -596,7 +585,7 @@ class EventStore:
         check_optional_int("to_position", to_position, 0, what="a position")
         check_categories(categories)
         check_bool("live", live)
-        check_int("batch", batch, 1, _MAX_BATCH)
+        check_int("batch", batch, 1, MAX_BATCH)
         check_seconds("heartbeat_s", heartbeat_s, 0.05, 3600.0)
         if types is not None and (isinstance(types, str) or not all(isinstance(t, str) for t in types)):
             raise InvalidArgumentError(
@@ -622,7 +611,7 @@ class EventStore:
         """
         check_int("from_position", from_position, 1, what="a position")
         check_categories(categories)
-        check_int("batch", batch, 1, _MAX_BATCH)
+        check_int("batch", batch, 1, MAX_BATCH)
         check_seconds("heartbeat_s", heartbeat_s, 0.05, 3600.0)
         return self._reader.subscribe(
             from_position=from_position, categories=categories, batch=batch, heartbeat_s=heartbeat_s

@@ -134,3 +134,44 @@ def check_entity_append(request: "EntityAppend") -> None:
             raise InvalidEventError(
                 f"Cannot append {_shown(event)} to {stream_id}: events must be instances of registered pydantic models."
             )
+
+
+MAX_BATCH = 100_000
+"""The most events a read hands over at once."""
+
+
+def check_read(stream_id: object, from_version: object, to_version: object, from_position: object,
+               consistent: object) -> None:
+    """The arguments of ``read`` (one entity's events), as every event store checks them."""
+    check_stream_id("stream_id", stream_id)
+    check_int("from_version", from_version, 1, what="a version")
+    check_optional_int("to_version", to_version, from_version, what="a version")  # type: ignore[arg-type]
+    check_int("from_position", from_position, 0, what="a position")
+    check_bool("consistent", consistent)
+
+
+def check_read_all(from_position: object, to_position: object, categories: object, batch: object) -> None:
+    """The arguments of ``read_all`` (every event in global order), as every event store checks them."""
+    check_int("from_position", from_position, 1, what="a position")
+    check_optional_int("to_position", to_position, 0, what="a position")
+    check_categories(categories)
+    check_int("batch", batch, 1, MAX_BATCH)
+
+
+def check_remember(stream_id: object, version: object, position: object) -> None:
+    """The arguments of ``remember``: an entity's (version, position), both 0 or both >= 1."""
+    check_stream_id("stream_id", stream_id)
+    if (check_int("version", version, 0) == 0) != (check_int("position", position, 0) == 0):
+        raise InvalidArgumentError(
+            f"Invalid (version, position) ({version}, {position}) for {stream_id}: both are 0 for an entity "
+            "without events, both >= 1 for one with events."
+        )
+
+
+def check_find_append(stream_id: object, idempotency_key: object) -> None:
+    """The arguments of ``find_append``."""
+    check_stream_id("stream_id", stream_id)
+    if not isinstance(idempotency_key, str) or not idempotency_key:
+        raise InvalidArgumentError(
+            f"Invalid idempotency_key: {idempotency_key!r:.80}; it must be a non-empty string."
+        )

@@ -41,6 +41,7 @@ async def test_readme_python_blocks_run_in_order(
     assert alice.state.balance == 10 and alice.version == 2  # type: ignore[attr-defined]
     assert namespace["result"].duplicate is False  # type: ignore[attr-defined]
     assert len(str(namespace["carol"])) == 36  # a new_id()
+    assert len(str(namespace["fay"])) == 36  # opened in the in-memory store
     reply = namespace["reply"]  # the deposit sent over NATS to the README's command service
     assert (reply.version, reply.duplicate, reply.command_id) == (3, False, "dep-2")  # type: ignore[attr-defined]
     assert namespace["refusal"] == "Deposit a positive amount."

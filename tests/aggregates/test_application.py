@@ -19,7 +19,7 @@ from aggregates import (
     new_id,
     scenario,
 )
-from eventstore import EventStore, EventStoreSettings, InvalidArgumentError
+from eventstore import EventLog, EventStore, EventStoreSettings, InMemoryEventStore, InvalidArgumentError
 from tests.conftest import unique_settings
 
 from .domain import Account, AccountOpened, Deposited, InsufficientFunds, Withdrawn
@@ -36,6 +36,15 @@ class TrickAdded(DomainEvent):
 class DogState(BaseModel):
     name: str = ""
     tricks: list[str] = []
+
+
+@pytest.fixture(params=["jetstream", "memory"])
+def any_store(request: pytest.FixtureRequest) -> EventLog:
+    """The test's JetStream store, or an in-memory one: given/when/then works on both."""
+    if request.param == "jetstream":
+        store: EventStore = request.getfixturevalue("store")
+        return store
+    return InMemoryEventStore()
 
 
 class Dog(Aggregate[DogState]):
@@ -127,19 +136,19 @@ async def test_uuid_and_str_ids_name_the_same_aggregate(store: EventStore) -> No
             await accounts.get(bad)  # type: ignore[arg-type]
 
 
-async def test_given_when_then_checks_the_events_recorded(store: EventStore) -> None:
-    recorded = await scenario(store, Account).given(AccountOpened(owner="Ann"), Deposited(amount=10)).when(
+async def test_given_when_then_checks_the_events_recorded(any_store: EventLog) -> None:
+    recorded = await scenario(any_store, Account).given(AccountOpened(owner="Ann"), Deposited(amount=10)).when(
         lambda a: a.withdraw(4)
     ).then(Withdrawn(amount=4))
     assert recorded == [Withdrawn(amount=4)]
-    await scenario(store, Account).when(lambda a: a.open("Bo")).then(AccountOpened(owner="Bo"))  # no history: created
+    await scenario(any_store, Account).when(lambda a: a.open("Bo")).then(AccountOpened(owner="Bo"))  # no history: created
 
 
-async def test_given_when_then_checks_the_error_and_that_nothing_was_stored(store: EventStore) -> None:
-    await scenario(store, Account).given(AccountOpened(owner="Ann")).when(lambda a: a.withdraw(1)).then(InsufficientFunds)
-    sc = scenario(store, Account).given(AccountOpened(owner="Ann"))
+async def test_given_when_then_checks_the_error_and_that_nothing_was_stored(any_store: EventLog) -> None:
+    await scenario(any_store, Account).given(AccountOpened(owner="Ann")).when(lambda a: a.withdraw(1)).then(InsufficientFunds)
+    sc = scenario(any_store, Account).given(AccountOpened(owner="Ann"))
     await sc.when(lambda a: a.withdraw(1)).then(InsufficientFunds)
-    assert len(await store.read(Account._stream_id(sc.aggregate_id))) == 1  # only the given event
+    assert len(await any_store.read(Account._stream_id(sc.aggregate_id))) == 1  # only the given event
 
 
 @pytest.mark.parametrize(
@@ -151,31 +160,31 @@ async def test_given_when_then_checks_the_error_and_that_nothing_was_stored(stor
         ((KeyError,), r"recorded .* instead of raising KeyError"),
     ],
 )
-async def test_a_failed_then_says_what_differs(store: EventStore, expected: tuple[Any, ...], message: str) -> None:
+async def test_a_failed_then_says_what_differs(any_store: EventLog, expected: tuple[Any, ...], message: str) -> None:
     with pytest.raises(AssertionError, match=message):
-        await scenario(store, Account).given(AccountOpened(owner="Ann"), Deposited(amount=10)).when(
+        await scenario(any_store, Account).given(AccountOpened(owner="Ann"), Deposited(amount=10)).when(
             lambda a: a.withdraw(4)
         ).then(*expected)
 
 
-async def test_a_then_expecting_events_reports_an_unexpected_error(store: EventStore) -> None:
+async def test_a_then_expecting_events_reports_an_unexpected_error(any_store: EventLog) -> None:
     with pytest.raises(AssertionError, match="raised InsufficientFunds: .*expected events"):
-        await scenario(store, Account).given(AccountOpened(owner="Ann")).when(lambda a: a.withdraw(1)).then(
+        await scenario(any_store, Account).given(AccountOpened(owner="Ann")).when(lambda a: a.withdraw(1)).then(
             Withdrawn(amount=1)
         )
     with pytest.raises(AssertionError, match="raised InsufficientFunds: .*expected KeyError"):
-        await scenario(store, Account).given(AccountOpened(owner="Ann")).when(lambda a: a.withdraw(1)).then(KeyError)
+        await scenario(any_store, Account).given(AccountOpened(owner="Ann")).when(lambda a: a.withdraw(1)).then(KeyError)
 
 
-async def test_scenario_arguments_are_checked(store: EventStore) -> None:
+async def test_scenario_arguments_are_checked(any_store: EventLog) -> None:
     with pytest.raises(InvalidArgumentError, match="event instances"):
-        scenario(store, Account).given({"owner": "x"})  # type: ignore[arg-type]
+        scenario(any_store, Account).given({"owner": "x"})  # type: ignore[arg-type]
     with pytest.raises(InvalidArgumentError, match="function of the aggregate"):
-        scenario(store, Account).when("withdraw")  # type: ignore[arg-type]
+        scenario(any_store, Account).when("withdraw")  # type: ignore[arg-type]
     with pytest.raises(InvalidArgumentError, match="needs when"):
-        await scenario(store, Account).then(Withdrawn(amount=1))
+        await scenario(any_store, Account).then(Withdrawn(amount=1))
     with pytest.raises(InvalidArgumentError, match="not both"):
-        await scenario(store, Account).when(lambda a: a.open("x")).then(AccountOpened(owner="x"), KeyError)
+        await scenario(any_store, Account).when(lambda a: a.open("x")).then(AccountOpened(owner="x"), KeyError)
 
 
 async def test_an_application_connects_with_settings_from_the_environment(
@@ -188,3 +197,25 @@ async def test_an_application_connects_with_settings_from_the_environment(
     async with DogSchool.connect() as school:
         assert school.store.settings == EventStoreSettings()
         assert await school.register_dog("Env")
+
+
+async def test_the_dog_school_in_memory() -> None:
+    async with InMemoryEventStore() as store:
+        school = DogSchool(store)
+        fido = await school.register_dog("Fido")
+        await school.add_trick(fido, "roll over")
+        dog = await school.repository(Dog).get(fido)
+        assert (dog.state.name, dog.state.tricks, dog.version) == ("Fido", ["roll over"], 2)
+        accounts = school.repository(Account)
+        first = await accounts.execute("acc", lambda a: a.open("Ann"), create=True, command_id="open-1")
+        again = await accounts.execute("acc", lambda a: a.open("Ann"), create=True, command_id="open-1")
+        assert again.duplicate and again.position == first.position and await store.version(
+            Account._stream_id("acc")) == 1
+
+
+async def test_what_needs_a_server_says_so_in_memory() -> None:
+    store = InMemoryEventStore()
+    with pytest.raises(InvalidArgumentError, match="snapshot_every needs an EventStore"):
+        Application(store).repository(Account, snapshot_every=10)
+    with pytest.raises(InvalidArgumentError, match="command_service\\(\\) needs an EventStore"):
+        Application(store).command_service()

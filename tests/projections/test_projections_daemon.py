@@ -196,6 +196,7 @@ async def test_status_cli_reports_checkpoint_lag_and_state(es: EventStore, psett
         assert statuses[name]["state"] == "stopped"
 
 
+@both_stores
 async def test_second_daemon_waits_and_takes_over_when_the_first_dies(
     es: EventStore, psettings: ProjectionSettings, tmp_path: Path
 ) -> None:
