@@ -46,8 +46,8 @@ class Options:
                 validate_category(category)
         except Exception as exc:
             raise EventSourceError(f"Option 'categories': {exc}") from None
-        from_position = _int_option(opts, "from_position", 1, minimum=1) or 1
-        to_position = _int_option(opts, "to_position", None, minimum=0)
+        from_position = int_option(opts, "from_position", 1, minimum=1) or 1
+        to_position = int_option(opts, "to_position", None, minimum=0)
         given = {name: value for name, value in opts.items() if name in ConnectionSecurity.model_fields}
         try:
             security = ConnectionSecurity.model_validate(given)
@@ -64,8 +64,8 @@ class Options:
             categories=categories,
             from_position=from_position,
             to_position=to_position,
-            partitions=_int_option(opts, "partitions", 1, minimum=1) or 1,
-            batch=_int_option(opts, "batch", DEFAULT_BATCH, minimum=1) or DEFAULT_BATCH,
+            partitions=int_option(opts, "partitions", 1, minimum=1) or 1,
+            batch=int_option(opts, "batch", DEFAULT_BATCH, minimum=1) or DEFAULT_BATCH,
             request_timeout_s=float(opts.get("request_timeout_s", "5")),
             security=security,
         )
@@ -83,7 +83,7 @@ def _problems(exc: ValidationError) -> str:
     )
 
 
-def _int_option(opts: dict[str, str], name: str, default: int | None, *, minimum: int) -> int | None:
+def int_option(opts: dict[str, str], name: str, default: int | None, *, minimum: int) -> int | None:
     text = opts.get(name)
     if text is None or text.strip() == "":
         return default

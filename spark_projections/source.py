@@ -68,7 +68,7 @@ from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
 
 from eventstore import EventStore, EventStoreError, EventStoreSettings, ServerUnavailableError
@@ -77,6 +77,7 @@ from spark_projections._batches import EVENTS_SCHEMA
 from spark_projections._options import DEFAULT_BATCH, Options
 from spark_projections._range_reader import open_connection, read_range
 from spark_projections.errors import EventSourceError
+from spark_projections.stream import StreamOptions, StreamReader
 
 __all__ = [
     "EVENTS_SCHEMA",
@@ -124,6 +125,10 @@ class JetStreamDataSource(DataSource):
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return _Reader(Options.parse(self.options), _columns(schema))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        """``spark.readStream.format("jetstream")``: micro-batches of stream positions (:mod:`spark_projections.stream`)."""
+        return StreamReader(Options.parse(self.options), StreamOptions.parse(self.options), _columns(schema))
 
 
 def _columns(schema: StructType) -> tuple[str, ...]:

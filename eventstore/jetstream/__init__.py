@@ -5,11 +5,13 @@ lives here, once; the rest of the framework goes through these modules.
 """
 
 from .durable import ConsumerAnswer, DurableConsumer
+from .boundaries import last_commit_boundary, whole_commits_end
 from .api import API_PREFIX, ErrorCode, Subjects, TRANSIENT_API_ERRORS
 from .replay import Commits, NativeRun, OrderedReplay, Parsed, Part, Scanner, leader_has_message
 from .transport import BulkConnection, Raw, Receiver, SharedConnection
 
 __all__ = [
     "API_PREFIX", "BulkConnection", "Commits", "ConsumerAnswer", "DurableConsumer", "ErrorCode", "NativeRun", "OrderedReplay", "Parsed", "Part", "Raw", "Receiver",
-    "Scanner", "SharedConnection", "Subjects", "TRANSIENT_API_ERRORS", "leader_has_message",
+    "Scanner", "SharedConnection", "Subjects", "TRANSIENT_API_ERRORS", "last_commit_boundary", "leader_has_message",
+    "whole_commits_end",
 ]
