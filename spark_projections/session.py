@@ -29,6 +29,7 @@ from spark_projections.errors import DeltaNotConfiguredError, SparkProjectionErr
 from spark_projections.jars import delta_coordinate, diagnose_launch_failure, offline_delta_jars
 from spark_projections.java import check_java
 from spark_projections.settings import SparkSettings
+from spark_projections.source import register
 
 __all__ = [
     "DELTA_CATALOG",
@@ -103,7 +104,8 @@ def spark_session(settings: SparkSettings | None = None) -> SparkSession:
 
     ``settings`` defaults to ``SparkSettings()`` (i.e. ``JETSOURCING_SPARK_*`` env vars).
     Guarantees on return: Delta's extension and catalog are configured and their classes
-    load (checked with :func:`ensure_delta`). Raises, before any JVM starts,
+    load (checked with :func:`ensure_delta`), and ``spark.read.format("jetstream")`` works
+    (the data source is registered in the returned session). Raises, before any JVM starts,
     :class:`~spark_projections.errors.JavaNotFoundError` /
     :class:`~spark_projections.errors.JavaTooOldError` and, in offline mode,
     :class:`~spark_projections.errors.DeltaJarsUnavailableError`; when the JVM dies during
@@ -133,6 +135,7 @@ def spark_session(settings: SparkSettings | None = None) -> SparkSession:
     spark.sparkContext.setLogLevel(settings.log_level)
     _use_python_workers(spark, conf["spark.pyspark.python"])
     ensure_delta(spark)
+    register(spark)
     return spark
 
 

@@ -7,10 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType
 
+from eventstore import EventStore, StreamId
 from spark_projections.errors import DeltaJarsUnavailableError
 from spark_projections.jars import delta_coordinate
 from spark_projections.session import (
@@ -120,3 +122,30 @@ def test_a_session_without_delta_is_detected(run_python: Any) -> None:
         result.stdout + result.stderr[-3000:]
     )
     assert "restart the Python process" in result.stdout
+
+
+class Noted(BaseModel):
+    text: str
+
+
+async def test_the_jetstream_format_works_on_every_session_spark_session_returns(
+    run_python: Any, store: EventStore
+) -> None:
+    """The README's ``spark.read.format("jetstream")`` without a ``read_events`` first: in a new JVM, and from a
+    JVM that already runs, whose next session (after ``stop()``) starts without the registration."""
+    store.registry.register(Noted)
+    for i in range(5):
+        await store.append(StreamId("Note", f"n{i % 2}"), [Noted(text=f"t{i}")])
+    settings = store.settings
+    result = run_python(
+        "from spark_projections.session import spark_session, SparkSettings\n"
+        "def count(spark):\n"
+        f"    return (spark.read.format('jetstream').option('url', {settings.nats_url!r})"
+        f".option('stream', {settings.stream!r}).option('subject_prefix', {settings.subject_prefix!r})"
+        ".load().count())\n"
+        "spark = spark_session(SparkSettings.test_profile())\n"
+        "print('NEW JVM', count(spark))\n"
+        "spark.stop()\n"
+        "print('REUSED JVM', count(spark_session(SparkSettings.test_profile())))\n",
+    )
+    assert result.stdout.splitlines() == ["NEW JVM 5", "REUSED JVM 5"], result.stdout + result.stderr[-3000:]
