@@ -65,7 +65,9 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator, Sequence
+from typing import Any
 
+from py4j.protocol import Py4JError
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
@@ -189,6 +191,14 @@ class _Reader(DataSourceReader):
 
 def register(spark: SparkSession) -> None:
     """Make ``spark.read.format("jetstream")`` available in ``spark`` (idempotent)."""
+    # Registering again replaces the source with a warning on stderr, and every session
+    # spark_session() returns has it already: a CLI run would print it at its first read.
+    try:
+        jsession: Any = spark._jsparkSession
+        if jsession.sessionState().dataSourceManager().dataSourceExists(FORMAT):
+            return
+    except Py4JError:  # Spark's internals moved: registering again only costs the warning
+        pass
     spark.dataSource.register(JetStreamDataSource)
 
 
