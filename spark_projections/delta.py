@@ -27,9 +27,10 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import reduce
 from typing import Any, Literal
 
 from delta.exceptions import (
@@ -60,12 +61,14 @@ __all__ = [
     "USER_METADATA_CONF",
     "HistoryEntry",
     "WriteResult",
+    "check_one_row_per_key",
     "full_rebuild",
     "incremental_merge",
     "latest_per_key",
     "position_from_history",
     "recorded_position",
     "table_history",
+    "table_version",
 ]
 
 METADATA_APP_ID = "jetsourcing.app_id"
@@ -96,6 +99,8 @@ _CONFLICTS: tuple[type[Exception], ...] = (
 
 PathLike = str | os.PathLike[str]
 Mode = Literal["rebuild", "merge"]
+Combine = Callable[[Column, Column], Column]
+"""How :func:`incremental_merge` merges a column: ``(stored, new)`` columns -> the merged column."""
 
 
 @dataclass(frozen=True)
@@ -156,8 +161,8 @@ def full_rebuild(
     spark = df.sparkSession
     already = recorded_position(spark, target, app_id)
     if already is not None and already >= position:
-        return WriteResult(False, _table_version(spark, target), already)
-    version_before = _table_version(spark, target)
+        return WriteResult(False, table_version(spark, target), already)
+    version_before = table_version(spark, target)
     write_id = uuid.uuid4().hex
     writer = (
         _drop_tombstones(df, deleted_col)
@@ -188,69 +193,115 @@ def incremental_merge(
     app_id: str,
     position: int,
     deleted_col: str | None = None,
+    combine: Mapping[str, Combine] | None = None,
+    checked: bool = False,
 ) -> WriteResult:
     """Upsert one-row-per-key ``updates_df`` into the table at ``path`` in ONE commit.
 
     Matched keys get the update's values, new keys are inserted; with ``deleted_col``,
     keys whose tombstone is true are deleted (and not inserted). Keys compare with
-    null-safe equality. Creates the table (from the non-deleted rows) when absent. The
-    commit carries ``txnAppId=app_id, txnVersion=position`` and the position in its user
+    null-safe equality. ``combine`` maps a value column to a function of the stored and
+    the new column giving the merged value (the stored column is null for a new key);
+    other columns take the new value. A stored row is rewritten only when a value
+    changes. Creates the table (from the non-deleted rows) when absent. The commit
+    carries ``txnAppId=app_id, txnVersion=position`` and the position in its user
     metadata; when the position is already recorded nothing happens (``applied=False``).
 
     Raises :class:`~spark_projections.errors.DuplicateKeysError` when a key has several
     rows, :class:`~spark_projections.errors.SchemaMismatchError` when the columns differ
-    from the table's, ``ValueError`` for unusable arguments. ``updates_df`` is computed
-    once (persisted) for the duplicate check and the merge.
+    from the table's, ``ValueError`` for unusable arguments. ``updates_df`` is persisted
+    and computed once, by the check, for the check and the merge. ``checked=True`` says
+    the caller made sure of both (one row per key; the same rows each time it is read,
+    from a computed cache, say): the check's Spark job is skipped.
     """
     _check_identity(app_id, position)
     keys = list(keys)
+    combine = dict(combine or {})
     columns = list(updates_df.columns)
     if not keys:
         raise ValueError("incremental_merge needs at least one key column")
-    unknown = [k for k in [*keys, *([deleted_col] if deleted_col else [])] if k not in columns]
+    unknown = [k for k in [*keys, *([deleted_col] if deleted_col else []), *combine] if k not in columns]
     if unknown:
         raise ValueError(f"columns {unknown} are not in the updates ({columns})")
     if deleted_col in keys:
         raise ValueError(f"the tombstone column {deleted_col!r} cannot be a key")
+    fixed = [c for c in combine if c in keys or c == deleted_col]
+    if fixed:
+        raise ValueError(f"keys and the tombstone column cannot be combined ({fixed})")
     target = os.fspath(path)
     spark = updates_df.sparkSession
     already = recorded_position(spark, target, app_id)
     if already is not None and already >= position:
-        return WriteResult(False, _table_version(spark, target), already)
-    version_before = _table_version(spark, target)
+        return WriteResult(False, table_version(spark, target), already)
+    version_before = table_version(spark, target)
     write_id = uuid.uuid4().hex
 
-    # Persist so the duplicate check and the merge see the same rows and the source is
-    # read once; released in `finally`.
-    updates = updates_df.persist(StorageLevel.MEMORY_AND_DISK)
+    # Persist so the check and the merge see the same rows and the source is read once;
+    # released in `finally`.
+    updates = updates_df if checked else updates_df.persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        _check_one_row_per_key(updates, keys)
+        if not checked:
+            check_one_row_per_key(updates, keys)
         try:
             if version_before < 0:
-                _create_from_updates(updates, target, app_id, position, write_id, deleted_col)
+                _create_from_updates(updates, target, app_id, position, write_id, deleted_col, combine)
             else:
-                _merge(updates, target, keys, app_id, position, write_id, deleted_col)
+                _merge(updates, target, keys, app_id, position, write_id, deleted_col, combine)
         except _CONFLICTS:
             if not _position_reached(spark, target, app_id, position):
                 raise
     finally:
-        updates.unpersist()
+        if not checked:
+            updates.unpersist()
     return _result(spark, target, app_id, write_id, version_before)
+
+
+def check_one_row_per_key(df: DataFrame, keys: Sequence[str]) -> int:
+    """The number of rows of ``df``, in one Spark job that also makes sure no key has several.
+
+    Raises :class:`~spark_projections.errors.DuplicateKeysError` with some of the repeated
+    keys and their counts.
+    """
+    keys = list(keys)
+    per_key = df.groupBy(*[F.col(_quote(k)) for k in keys]).agg(F.count(F.lit(1)).alias("rows"))
+    repeated = F.when(F.col("rows") > 1, F.struct(*[F.col(_quote(k)) for k in keys], F.col("rows")))
+    summary = per_key.agg(
+        F.sum("rows").alias("rows"), F.slice(F.collect_list(repeated), 1, 5).alias("repeated")
+    ).first()
+    assert summary is not None
+    if summary["repeated"]:
+        raise DuplicateKeysError(keys, [tuple(row) for row in summary["repeated"]])
+    return int(summary["rows"] or 0)
+
+
+def table_version(spark: SparkSession, path: PathLike) -> int:
+    """The latest version of the Delta table at ``path`` (-1: no table), without a Spark job."""
+    target = os.fspath(path)
+    try:
+        return int(_snapshot(spark, target).version())
+    except Py4JError:
+        history = table_history(spark, target, limit=1)
+        return history[0].version if history else -1
 
 
 def recorded_position(spark: SparkSession, path: PathLike, app_id: str) -> int | None:
     """The highest stream position the table at ``path`` reflects for ``app_id``.
 
     Read from the Delta transaction identity recorded for ``app_id`` - the very value
-    Delta compares against to skip repeated writes. ``None`` when there is no table or
-    nothing was recorded for ``app_id``. Should Delta's (internal) log API be unavailable,
-    falls back to :func:`position_from_history`.
+    Delta compares against to skip repeated writes - as the version's checksum file lists
+    it (Delta writes them there at each commit), or else from the table's state, which
+    takes a few Spark jobs. ``None`` when there is no table or nothing was recorded for
+    ``app_id``. Should Delta's (internal) log API be unavailable, falls back to
+    :func:`position_from_history`.
     """
     target = os.fspath(path)
     try:
         snapshot = _snapshot(spark, target)
         if snapshot.version() < 0:
             return None
+        listed = _checksum_transactions(snapshot)
+        if listed is not None:
+            return listed.get(app_id)
         recorded = snapshot.transactions().get(app_id)
         return int(recorded.get()) if recorded.isDefined() else None
     except Py4JError:
@@ -322,31 +373,30 @@ def _user_metadata(app_id: str, position: int, mode: Mode, write_id: str) -> str
 
 
 def _history_entry(row: dict[str, Any]) -> HistoryEntry:
-    position: int | None = None
-    app_id: str | None = None
-    mode: str | None = None
-    write_id: str | None = None
-    raw = row.get("userMetadata")
-    if raw:
-        try:
-            meta = json.loads(raw)
-        except ValueError:  # someone else's free-text metadata
-            meta = None
-        if isinstance(meta, dict) and isinstance(meta.get(METADATA_POSITION), int):
-            position = meta[METADATA_POSITION]
-            app_id = meta.get(METADATA_APP_ID)
-            mode = meta.get(METADATA_MODE)
-            write_id = meta.get(METADATA_WRITE_ID)
+    meta = _jetsourcing_metadata(row.get("userMetadata"))
     return HistoryEntry(
         metrics={str(k): str(v) for k, v in (row.get("operationMetrics") or {}).items()},
         version=int(row["version"]),
         operation=str(row["operation"]),
         timestamp=row["timestamp"],
-        position=position,
-        app_id=app_id,
-        mode=mode,
-        write_id=write_id,
+        position=meta.get(METADATA_POSITION),
+        app_id=meta.get(METADATA_APP_ID),
+        mode=meta.get(METADATA_MODE),
+        write_id=meta.get(METADATA_WRITE_ID),
     )
+
+
+def _jetsourcing_metadata(raw: str | None) -> dict[str, Any]:
+    """The jetsourcing keys of a commit's user metadata; empty for a commit not made by this module."""
+    if not raw:
+        return {}
+    try:
+        meta = json.loads(raw)
+    except ValueError:  # someone else's free-text metadata
+        return {}
+    if not isinstance(meta, dict) or not isinstance(meta.get(METADATA_POSITION), int):
+        return {}
+    return {key: meta.get(key) for key in (METADATA_APP_ID, METADATA_POSITION, METADATA_MODE, METADATA_WRITE_ID)}
 
 
 def _snapshot(spark: SparkSession, target: str) -> Any:
@@ -360,12 +410,16 @@ def _snapshot(spark: SparkSession, target: str) -> Any:
     return jvm.org.apache.spark.sql.delta.DeltaLog.forTableWithSnapshot(jsession, target)._2()
 
 
-def _table_version(spark: SparkSession, target: str) -> int:
-    try:
-        return int(_snapshot(spark, target).version())
-    except Py4JError:
-        history = table_history(spark, target)
-        return history[0].version if history else -1
+def _checksum_transactions(snapshot: Any) -> dict[str, int] | None:
+    """The recorded positions (app id -> txnVersion) the snapshot's checksum file lists; None when it lists none."""
+    checksum = snapshot.checksumOpt()
+    if not checksum.isDefined():
+        return None
+    listed = checksum.get().setTransactions()
+    if not listed.isDefined():
+        return None
+    transactions = listed.get()
+    return {t.appId(): int(t.version()) for t in (transactions.apply(i) for i in range(transactions.size()))}
 
 
 def _position_reached(spark: SparkSession, target: str, app_id: str, position: int) -> bool:
@@ -381,16 +435,41 @@ def _result(
     Delta skips a repeated idempotent write silently, so success of the call says nothing;
     the new commits' metadata does.
     """
-    version_after = _table_version(spark, target)
+    version_after = table_version(spark, target)
     if version_after > version_before:
-        limit = version_after - version_before
-        for row in DeltaTable.forPath(spark, target).history(limit).collect():
-            entry = _history_entry(row.asDict())
-            if entry.version > version_before and entry.write_id == write_id:
+        for meta in _metadata_since(spark, target, version_before, version_after):
+            if meta.get(METADATA_WRITE_ID) == write_id:
                 # Our commit recorded `position`; no need to recompute the table state
                 # (a Spark job) to read it back.
-                return WriteResult(True, version_after, entry.position)
+                return WriteResult(True, version_after, meta[METADATA_POSITION])
     return WriteResult(False, version_after, recorded_position(spark, target, app_id))
+
+
+def _metadata_since(spark: SparkSession, target: str, version_before: int, version_after: int) -> list[dict[str, Any]]:
+    """The jetsourcing metadata of the commits after ``version_before``, read from the log by the driver.
+
+    ``DeltaTable.history`` reads the commits in a Spark job; it still does should the
+    log API be unavailable.
+    """
+    try:
+        jvm: Any = spark.sparkContext._jvm
+        log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, target)
+        changes = log.getChanges(version_before + 1, jvm.scala.Option.empty(), False)
+        found = []
+        while changes.hasNext():
+            actions = changes.next()._2()
+            # Delta writes the commit info first: a commit of many files is not walked through.
+            for i in range(actions.size()):
+                action = actions.apply(i)
+                if action.getClass().getSimpleName() == "CommitInfo":
+                    raw = action.userMetadata()
+                    found.append(_jetsourcing_metadata(raw.get() if raw.isDefined() else None))
+                    break
+        return found
+    except Py4JError:
+        history = table_history(spark, target, version_after - version_before)
+        return [{METADATA_POSITION: e.position, METADATA_WRITE_ID: e.write_id}
+                for e in history if e.version > version_before]
 
 
 def _drop_tombstones(df: DataFrame, deleted_col: str | None) -> DataFrame:
@@ -404,18 +483,6 @@ def _is_deleted(column: Column) -> Column:
     return F.coalesce(column, F.lit(False))
 
 
-def _check_one_row_per_key(updates: DataFrame, keys: list[str]) -> None:
-    duplicates = (
-        updates.groupBy(*[F.col(_quote(k)) for k in keys])
-        .count()
-        .where(F.col("count") > 1)
-        .limit(5)
-        .collect()
-    )
-    if duplicates:
-        raise DuplicateKeysError(keys, [tuple(row) for row in duplicates])
-
-
 def _create_from_updates(
     updates: DataFrame,
     target: str,
@@ -423,11 +490,16 @@ def _create_from_updates(
     position: int,
     write_id: str,
     deleted_col: str | None,
+    combine: Mapping[str, Combine],
 ) -> None:
+    inserted = updates.alias("s")
+    if deleted_col is not None:
+        inserted = inserted.where(~_is_deleted(F.col(f"s.{_quote(deleted_col)}")))
+    values = _insert_values(updates, deleted_col, combine)
     # Append (not overwrite): if another job creates the table concurrently, Delta's
     # conflict detection sees both, instead of one silently replacing the other.
     (
-        _drop_tombstones(updates, deleted_col)
+        inserted.select(*[value.alias(name) for name, value in values.items()])
         .write.format("delta")
         .mode("append")
         .option("txnAppId", app_id)
@@ -435,6 +507,18 @@ def _create_from_updates(
         .option("userMetadata", _user_metadata(app_id, position, "merge", write_id))
         .save(target)
     )
+
+
+def _insert_values(updates: DataFrame, deleted_col: str | None, combine: Mapping[str, Combine]) -> dict[str, Column]:
+    """A new key's row: each column of source ``s`` combined with a null stored value."""
+    types = {f.name: f.dataType for f in updates.schema.fields}
+    values = {}
+    for name in updates.columns:
+        if name == deleted_col:
+            continue
+        new = F.col(f"s.{_quote(name)}")
+        values[name] = combine[name](F.lit(None).cast(types[name]), new) if name in combine else new
+    return values
 
 
 def _merge(
@@ -445,6 +529,7 @@ def _merge(
     position: int,
     write_id: str,
     deleted_col: str | None,
+    combine: Mapping[str, Combine],
 ) -> None:
     spark = updates.sparkSession
     table_columns = DeltaTable.forPath(spark, target).toDF().columns
@@ -464,17 +549,28 @@ def _merge(
         session.conf.set(key, value)
     try:
         condition = " AND ".join(f"t.{_quote(k)} <=> s.{_quote(k)}" for k in keys)
-        values: dict[str, str | Column] = {_quote(c): f"s.{_quote(c)}" for c in value_columns}
+        inserted = _insert_values(updates, deleted_col, combine)
+        updated = {
+            c: combine[c](F.col(f"t.{_quote(c)}"), F.col(f"s.{_quote(c)}")) if c in combine else F.col(f"s.{_quote(c)}")
+            for c in value_columns
+        }
+        # A matched row whose values stay the same is neither rewritten nor counted as updated.
+        changes = [~F.col(f"t.{_quote(c)}").eqNullSafe(v) for c, v in updated.items() if c not in keys]
+        changed = reduce(lambda a, b: a | b, changes) if changes else F.lit(False)
+        set_values: dict[str, str | Column] = {_quote(c): v for c, v in updated.items()}
+        insert_values: dict[str, str | Column] = {_quote(c): v for c, v in inserted.items()}
         builder = DeltaTable.forPath(session, target).alias("t").merge(updates.alias("s"), condition)
         if deleted_col is None:
-            builder = builder.whenMatchedUpdate(set=values).whenNotMatchedInsert(values=values)
+            builder = builder.whenMatchedUpdate(condition=changed, set=set_values).whenNotMatchedInsert(
+                values=insert_values
+            )
         else:
             deleted = _is_deleted(F.col(f"s.{_quote(deleted_col)}"))
             # Clauses are tried in order: a tombstone deletes, anything else updates.
             builder = (
                 builder.whenMatchedDelete(condition=deleted)
-                .whenMatchedUpdate(set=values)
-                .whenNotMatchedInsert(condition=~deleted, values=values)
+                .whenMatchedUpdate(condition=changed, set=set_values)
+                .whenNotMatchedInsert(condition=~deleted, values=insert_values)
             )
         builder.execute()
     finally:

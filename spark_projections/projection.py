@@ -24,13 +24,16 @@ version rebuilds instead of being skipped as "already recorded"):
 
 * :func:`rebuild` computes every table from the whole history up to the
   stream's last position and replaces each table in one commit;
-* :func:`update` reads only the events after the recorded position. A fold
-  projection loads the current rows of the affected groups from Delta as the
-  fold's starting state (tables of fold projections carry a
-  ``_jetsourcing_group`` column for that) and merges the groups' new rows,
-  deleting rows the handlers deleted; a DataFrame projection combines its
-  partial result with the stored rows per column (``combine``). Running it
-  again with no new events changes nothing, and the result equals a rebuild.
+* :func:`update` reads only the events after the recorded position, and costs
+  what they change. A fold projection loads the current rows of the affected
+  groups from Delta as the fold's starting state (tables of fold projections
+  carry a ``_jetsourcing_group`` column for that) and merges the groups' new
+  rows, deleting rows the handlers deleted; a DataFrame projection's MERGE
+  combines its partial result with the stored rows per column (``combine``).
+  A stored row is rewritten only when its values change. Running it again
+  with no new events changes nothing, and the result equals a rebuild;
+  :func:`merge_events` does the same with events the caller has already (a
+  Structured Streaming micro-batch).
 
 Example::
 
@@ -55,11 +58,11 @@ import os
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from functools import partial, reduce
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import pyarrow as pa
-from delta.tables import DeltaTable
 from pyspark import Accumulator, StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -77,7 +80,14 @@ from pyspark.sql.types import (
 
 from eventstore import EventStoreSettings, RecordedEvent, StreamId, TypeRegistry
 from projections import MemoryStore, Projection, Table, fold
-from spark_projections.delta import WriteResult, full_rebuild, incremental_merge, recorded_position
+from spark_projections.delta import (
+    WriteResult,
+    check_one_row_per_key,
+    full_rebuild,
+    incremental_merge,
+    recorded_position,
+    table_version,
+)
 from spark_projections.errors import SparkProjectionError
 from spark_projections.source import EVENTS_SCHEMA, read_events, stream_bounds
 
@@ -89,7 +99,9 @@ __all__ = [
     "Progress",
     "ProjectionRun",
     "app_id_of",
+    "common_position",
     "fold_tables",
+    "merge_events",
     "rebuild",
     "table_schema",
     "update",
@@ -102,6 +114,7 @@ _KIND = "_jetsourcing_kind"  # 0: a stored row (fold start state), 1: an event
 _TABLE = "_jetsourcing_table"  # which of the projection's tables a state/output row belongs to
 _DELETED = "_jetsourcing_deleted"  # output tombstone: the row existed at the start and was deleted
 _OUTPUT_ROWS = 5000  # rows per Arrow batch a fold task emits
+_CLASH = "jetsourcing: a row changes group"  # raised inside a MERGE, turned into a FoldConstraintError
 
 Combine = Literal["sum", "min", "max", "last", "first"] | Callable[[Column, Column], Column]
 """How :func:`update` merges a column of a DataFrame projection's partial result into the stored row.
@@ -264,12 +277,10 @@ def update(
     say = progress or _quiet
     app_id = app_id_of(projection)
     high = last_position(settings) if to_position is None else to_position
-    recorded = {recorded_position(spark, root / name, app_id) for name in table_names(projection)}
-    if None in recorded or len(recorded) != 1:
+    low = common_position(spark, projection, root)
+    if low is None:
         say("no common recorded position in the tables: rebuilding")
         return _rebuild(spark, projection, settings, root, registry, high, partitions, group_by, say)
-    (low,) = recorded
-    assert low is not None
     if high <= low:
         say(f"the tables are at position {low}: nothing new")
         return ProjectionRun(projection.name, app_id, "noop", low + 1, low)
@@ -282,6 +293,67 @@ def update(
     if isinstance(projection, DataFrameProjection):
         return _merge_dataframe(projection, events, root, app_id, low, high, say)
     return _merge_fold(projection, events, root, app_id, low, high, registry, group_by, say)
+
+
+def common_position(spark: SparkSession, projection: AnyProjection, root: str | os.PathLike[str]) -> int | None:
+    """The stream position every table of ``projection`` under ``root`` records for its version.
+
+    None when a table records none (it is missing, or was written by another
+    version) or the tables record different ones (an interrupted run).
+    """
+    app_id = app_id_of(projection)
+    recorded = {recorded_position(spark, Path(root) / name, app_id) for name in table_names(projection)}
+    return recorded.pop() if len(recorded) == 1 else None
+
+
+def merge_events(
+    spark: SparkSession,
+    projection: AnyProjection,
+    events: DataFrame,
+    root: str | os.PathLike[str],
+    *,
+    position: int,
+    registry: TypeRegistry | None = None,
+    group_by: str = "stream_id",
+    progress: Progress | None = None,
+) -> ProjectionRun:
+    """Bring the tables to ``position`` with ``events``: the events after their recorded position, up to ``position``.
+
+    What :func:`update` does once it has read the new events, for a caller that
+    has them already (a Structured Streaming micro-batch, say): the changed rows
+    are merged, one Delta commit per table recorded at ``position``, so a second
+    call with the same ``position`` changes nothing (``noop``, nothing computed).
+    When no table records a position for this projection version yet, the
+    tables are built from ``events`` alone, as :func:`rebuild` builds them from
+    the whole history: ``events`` must then start at the first event. Tables at
+    different positions (an interrupted run) cannot be brought up to date with
+    these events: :class:`SparkProjectionError`, rebuild them. A DataFrame
+    projection needs ``combine``. ``events`` has the columns of
+    :data:`~spark_projections.source.EVENTS_SCHEMA` (a DataFrame projection's
+    ``columns`` at least).
+    """
+    root = Path(root)
+    say = progress or _quiet
+    app_id = app_id_of(projection)
+    recorded = {recorded_position(spark, root / name, app_id) for name in table_names(projection)}
+    if recorded == {None}:
+        return _rebuild_from(projection, events, root, app_id, position, registry, group_by, say)
+    low = recorded.pop() if len(recorded) == 1 else None
+    if low is None:
+        raise SparkProjectionError(
+            f"The tables of {projection.name} under {root} record different positions for {app_id} (an interrupted "
+            "run): new events cannot bring them up to date; rebuild them."
+        )
+    if position <= low:
+        say(f"the tables are at position {low}: nothing new")
+        return ProjectionRun(projection.name, app_id, "noop", low + 1, low)
+    if isinstance(projection, DataFrameProjection):
+        if projection.combine is None:
+            raise SparkProjectionError(
+                f"{projection.name}: a DataFrame projection without combine cannot merge new events; rebuild it."
+            )
+        return _merge_dataframe(projection, events, root, app_id, low, position, say)
+    return _merge_fold(projection, events, root, app_id, low, position, registry, group_by, say)
 
 
 Progress = Callable[[str], None]
@@ -320,12 +392,26 @@ def _rebuild(
     say(_reading(settings, projection, 1, high))
     events = read_events(spark, settings, categories=projection.categories, to_position=high, partitions=partitions,
                          columns=_columns_of(projection))
+    return _rebuild_from(projection, events, root, app_id, high, registry, group_by, say)
+
+
+def _rebuild_from(
+    projection: AnyProjection,
+    events: DataFrame,
+    root: Path,
+    app_id: str,
+    high: int,
+    registry: TypeRegistry | None,
+    group_by: str,
+    say: Progress,
+) -> ProjectionRun:
+    """Replace each table with what ``events``, the whole history up to ``high``, make of it (one commit each)."""
     if isinstance(projection, DataFrameProjection):
         say(f"building table {projection.name} from the events and writing it (one Delta commit)")
         result = full_rebuild(projection.build(events), root / projection.name, app_id=app_id, position=high)
         return ProjectionRun(projection.name, app_id, "rebuild", 1, high, {projection.name: result})
     say(f"folding the events per {group_by} through the projection's handlers")
-    counter = spark.sparkContext.accumulator(0)
+    counter = events.sparkSession.sparkContext.accumulator(0)
     folded = _fold(projection, events, registry, group_by, None, counter).persist(StorageLevel.MEMORY_AND_DISK)
     try:
         tables = _split(projection, folded)
@@ -353,63 +439,134 @@ def _merge_fold(
     spark = events.sparkSession
     registry = _bound(projection, registry)
     say(f"folding the new events per {group_by} onto the affected rows")
-    # Read the stream once: the affected groups and the fold both need the new events.
+    # The new events are read from the stream once, here. Cached, their size is known, so
+    # Spark broadcasts their groups to the scans of the stored rows rather than shuffling
+    # the tables, however large.
     handled = events.where(F.col("type").isin(sorted(projection.handled_types))).persist(StorageLevel.MEMORY_AND_DISK)
-    affected = handled.select(F.col(group_by).cast("string").alias(GROUP_COLUMN)).distinct()
-    state = [_stored(spark, root / table.name).join(affected, GROUP_COLUMN, "left_semi") for table in projection.tables]
-    counter = spark.sparkContext.accumulator(0)
-    folded = _fold(projection, handled, registry, group_by, state, counter).persist(StorageLevel.MEMORY_AND_DISK)
+    folded: DataFrame | None = None
     try:
+        if handled.count() == 0:
+            return ProjectionRun(projection.name, app_id, "noop", low + 1, low)
+        affected = handled.select(F.col(group_by).cast("string").alias(GROUP_COLUMN)).distinct()
+        versions = {table.name: table_version(spark, root / table.name) for table in projection.tables}
+        state = [
+            _stored(spark, root / table.name, versions[table.name]).join(affected, GROUP_COLUMN, "left_semi")
+            for table in projection.tables
+        ]
+        counter = spark.sparkContext.accumulator(0)
+        folded = _fold(projection, handled, registry, group_by, state, counter).persist(StorageLevel.MEMORY_AND_DISK)
         # Computed in full once, before the first table changes; should Spark recompute a
         # lost partition later, the pinned table versions above give it the same start state.
-        if folded.count() == 0:
+        if _check_fold(projection, folded, group_by) == 0:
             return ProjectionRun(projection.name, app_id, "noop", low + 1, low)
         tables = _split(projection, folded)
         results = {}
         for table in projection.tables:
             say(f"merging into table {table.name} (one Delta commit)")
-            results[table.name] = incremental_merge(
-                tables[table.name], root / table.name, keys=table.key, app_id=app_id, position=high,
-                deleted_col=_DELETED,
+            results[table.name] = _merge_fold_table(
+                projection, table, tables[table.name], root, app_id, high, versions[table.name], group_by
             )
     finally:
-        folded.unpersist()
+        if folded is not None:
+            folded.unpersist()
         handled.unpersist()
     return ProjectionRun(projection.name, app_id, "merge", low + 1, high, results, counter.value)
+
+
+def _check_fold(projection: Projection, folded: DataFrame, group_by: str) -> int:
+    """The number of rows the fold emitted, in one Spark job that also checks that no two groups emitted one row.
+
+    Within a group the store holds one row per key, so a key emitted twice (alive or
+    deleted) was written by two groups: :class:`FoldConstraintError`. A :func:`rebuild`
+    would refuse the same history, unless one group deleted the row before the other
+    wrote it; a merge refuses that too, as it cannot tell who owns the row.
+    """
+    keys = {i: [_value_column(i, k) for k in table.key] for i, table in enumerate(projection.tables)}
+    every_key = [F.col(c) for columns in keys.values() for c in columns]
+    per_key = folded.groupBy(F.col(_TABLE), *every_key).agg(
+        F.count(F.lit(1)).alias("rows"), F.array_sort(F.collect_set(GROUP_COLUMN)).alias("groups")
+    )
+    clash = F.when(F.col("rows") > 1, F.struct(F.col(_TABLE), F.col("groups"), *every_key))
+    summary = per_key.agg(F.sum("rows").alias("rows"), F.slice(F.collect_list(clash), 1, 3).alias("clashes")).first()
+    assert summary is not None
+    if summary["clashes"]:
+        index = summary["clashes"][0][_TABLE]
+        examples = [
+            (row[keys[index][0]] if len(keys[index]) == 1 else tuple(row[c] for c in keys[index]), list(row["groups"]))
+            for row in summary["clashes"]
+            if row[_TABLE] == index
+        ]
+        raise FoldConstraintError(projection.name, projection.tables[index].name, group_by, examples)
+    return int(summary["rows"] or 0)
+
+
+def _merge_fold_table(
+    projection: Projection,
+    table: Table,
+    rows: DataFrame,
+    root: Path,
+    app_id: str,
+    high: int,
+    version: int,
+    group_by: str,
+) -> WriteResult:
+    """MERGE a table's folded rows; a stored row of a group that did not take part, written again by one that did,
+    fails the MERGE (no commit) and becomes a :class:`FoldConstraintError`, as it would fail a rebuild."""
+    path = root / table.name
+    try:
+        return incremental_merge(
+            rows, path, keys=table.key, app_id=app_id, position=high, deleted_col=_DELETED,
+            combine={GROUP_COLUMN: _same_group}, checked=True,
+        )
+    except Exception as exc:  # the JVM's error, as py4j or PySpark hands it over
+        if _CLASH not in str(exc):
+            raise
+        stored = _stored(rows.sparkSession, path, version)
+        raise FoldConstraintError(projection.name, table.name, group_by, _group_changes(table, rows, stored)) from None
+
+
+def _same_group(stored: Column, new: Column) -> Column:
+    return F.when(stored.isNull() | stored.eqNullSafe(new), new).otherwise(F.raise_error(F.lit(_CLASH)))
+
+
+def _group_changes(table: Table, rows: DataFrame, stored: DataFrame) -> list[tuple[Any, list[str]]]:
+    """Some keys of ``rows`` stored under another group, with both groups."""
+    alive = rows.where(~F.coalesce(F.col(_DELETED), F.lit(False)))
+    same_key = reduce(lambda a, b: a & b, [F.col(f"n.`{k}`").eqNullSafe(F.col(f"o.`{k}`")) for k in table.key])
+    found = (
+        alive.alias("n").join(stored.alias("o"), same_key)
+        .where(~F.col(f"n.{GROUP_COLUMN}").eqNullSafe(F.col(f"o.{GROUP_COLUMN}")))
+        .select(*[F.col(f"n.`{k}`") for k in table.key], F.col(f"n.{GROUP_COLUMN}"), F.col(f"o.{GROUP_COLUMN}"))
+        .limit(3)
+        .collect()
+    )
+    width = len(table.key)
+    return [(row[0] if width == 1 else tuple(row[:width]), sorted([row[width], row[width + 1]])) for row in found]
 
 
 def _merge_dataframe(
     projection: DataFrameProjection, events: DataFrame, root: Path, app_id: str, low: int, high: int, say: Progress
 ) -> ProjectionRun:
-    spark = events.sparkSession
     path = root / projection.name
     say(f"building {projection.name}'s rows from the new events and merging them (one Delta commit)")
-    partial = projection.build(events).persist(StorageLevel.MEMORY_AND_DISK)
+    partial_rows = projection.build(events).persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        if partial.isEmpty():
+        # Computed in full once; the MERGE then combines them with the stored rows it matches.
+        if check_one_row_per_key(partial_rows, projection.keys) == 0:
             return ProjectionRun(projection.name, app_id, "noop", low + 1, low)
-        keys = list(projection.keys)
-        stored = _stored(spark, path).join(partial.select(*keys), keys, "left_semi")
         combine = projection.combine or {}
-        merged = partial.alias("n").join(stored.alias("o"), keys, "left").select(
-            *keys,
-            *[
-                _combine(combine.get(c, "last"), F.col(f"o.`{c}`"), F.col(f"n.`{c}`")).alias(c)
-                for c in partial.columns
-                if c not in keys
-            ],
+        how = {c: partial(_combine, combine.get(c, "last")) for c in partial_rows.columns if c not in projection.keys}
+        result = incremental_merge(
+            partial_rows, path, keys=projection.keys, app_id=app_id, position=high, combine=how, checked=True
         )
-        result = incremental_merge(merged, path, keys=keys, app_id=app_id, position=high)
     finally:
-        partial.unpersist()
+        partial_rows.unpersist()
     return ProjectionRun(projection.name, app_id, "merge", low + 1, high, {projection.name: result})
 
 
-def _stored(spark: SparkSession, path: Path) -> DataFrame:
-    """The table's rows at its current version, pinned: a recomputation never sees our own later commits."""
-    version = DeltaTable.forPath(spark, str(path)).history(1).select("version").first()
-    assert version is not None
-    return spark.read.format("delta").option("versionAsOf", version[0]).load(str(path))
+def _stored(spark: SparkSession, path: Path, version: int) -> DataFrame:
+    """The table's rows at ``version``, pinned: a recomputation never sees our own later commits."""
+    return spark.read.format("delta").option("versionAsOf", version).load(str(path))
 
 
 def _combine(how: Combine, stored: Column, new: Column) -> Column:
