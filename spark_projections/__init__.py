@@ -6,9 +6,14 @@ run in Spark), ``delta.py`` and ``session.py``. Modules, one job each:
 
 * :mod:`spark_projections.source` - ``spark.read.format("jetstream")`` / ``read_events``:
   the stream's positions split into ranges read in parallel, one row per event;
+* :mod:`spark_projections.stream` - ``spark.readStream.format("jetstream")``: micro-batches
+  whose offsets are stream positions;
 * :mod:`spark_projections.typed` - Spark schemas from pydantic models, typed frames per
   event type with upcasting;
-* :mod:`spark_projections.projection` - ``rebuild`` / ``update`` of a projection's Delta tables;
+* :mod:`spark_projections.projection` - ``rebuild`` / ``update`` / ``merge_events`` of a projection's
+  Delta tables;
+* :mod:`spark_projections.fold` - the daemon's projections folded per entity, with its error policy;
+* :mod:`spark_projections.follow` - ``follow``: a streaming query that keeps the tables up to date;
 * :mod:`spark_projections.session` - ``spark_session(settings)``: a Spark session with
   Delta Lake guaranteed usable (settings in :mod:`spark_projections.settings`);
 * :mod:`spark_projections.delta` - ``full_rebuild`` / ``incremental_merge`` into Delta,
@@ -46,13 +51,16 @@ from .errors import (
 )
 from .jars import export_delta_jars
 from .java import check_java
-from .projection import GROUP_COLUMN, DataFrameProjection, FoldConstraintError, ProjectionRun, rebuild, update
+from .fold import DEAD_LETTERS_TABLE, GROUP_COLUMN, FoldConstraintError, HandlerFailedError
+from .follow import FollowError, Follower, FollowStatus, follow, follow_status
+from .projection import DataFrameProjection, ProjectionRun, merge_events, rebuild, update
 from .session import ensure_delta, spark_session
 from .settings import SparkSettings
 from .source import EVENTS_SCHEMA, JetStreamDataSource, read_events
 from .typed import TypedDecodingError, spark_schema, typed_events, typed_frames
 
 __all__ = [
+    "DEAD_LETTERS_TABLE",
     "DataFrameProjection",
     "DeltaJarsUnavailableError",
     "DeltaNotConfiguredError",
@@ -60,7 +68,11 @@ __all__ = [
     "EVENTS_SCHEMA",
     "EventSourceError",
     "FoldConstraintError",
+    "FollowError",
+    "FollowStatus",
+    "Follower",
     "GROUP_COLUMN",
+    "HandlerFailedError",
     "HistoryEntry",
     "JavaNotFoundError",
     "JavaTooOldError",
@@ -75,9 +87,12 @@ __all__ = [
     "check_java",
     "ensure_delta",
     "export_delta_jars",
+    "follow",
+    "follow_status",
     "full_rebuild",
     "incremental_merge",
     "latest_per_key",
+    "merge_events",
     "read_events",
     "rebuild",
     "recorded_position",

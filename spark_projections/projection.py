@@ -4,15 +4,8 @@ Two kinds of projection run here:
 
 * **The daemon's own definitions** (:class:`projections.Projection`): the same
   handlers that keep the SQLite read model up to date fold the events in
-  Spark. Events are grouped per entity (``stream_id``, or another group
-  column), sorted by ``(position, index)`` and applied group by group to an
-  in-memory :class:`projections.MemoryStore` inside ``mapInArrow`` tasks; the
-  stores' rows are the read-model tables. **Constraint:** a group is folded
-  without seeing other groups, so a handler may only read and write rows that
-  belong to its event's group (keys derived from ``event.stream_id`` or the
-  event itself). Two groups writing the same row fail the run with
-  :class:`FoldConstraintError`; a handler that *reads* another group's row
-  silently sees nothing, so keep handlers entity-local.
+  Spark, entity group by entity group (:mod:`spark_projections.fold`: how,
+  the one constraint on handlers, and the error policy);
 * **DataFrame projections** (:class:`DataFrameProjection`): a plain function
   from the events DataFrame to the read-model DataFrame - aggregations, joins
   across categories, anything Spark does.
@@ -46,8 +39,8 @@ Example::
 From a shell: ``jetsourcing spark rebuild myapp.views:AccountBalances --root /lake/accounts``.
 
 Executors must import the projection's module (an installed package, or
-``spark.sparkContext.addPyFile``). Handler errors fail the Spark job (the
-daemon's ``dead_letter`` policy does not apply here).
+``spark.sparkContext.addPyFile``). Handler errors follow the daemon's error
+policy (see :mod:`spark_projections.fold`).
 """
 
 from __future__ import annotations
@@ -55,31 +48,18 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import os
-from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from functools import partial, reduce
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-import pyarrow as pa
-from pyspark import Accumulator, StorageLevel
+from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import (
-    BinaryType,
-    BooleanType,
-    DataType,
-    DoubleType,
-    IntegerType,
-    LongType,
-    StringType,
-    StructField,
-    StructType,
-)
 
-from eventstore import EventStoreSettings, RecordedEvent, StreamId, TypeRegistry
-from projections import MemoryStore, Projection, Table, fold
+from eventstore import EventStoreSettings, TypeRegistry
+from projections import ErrorPolicy, Projection, Table
 from spark_projections.delta import (
     WriteResult,
     check_one_row_per_key,
@@ -89,7 +69,23 @@ from spark_projections.delta import (
     table_version,
 )
 from spark_projections.errors import SparkProjectionError
-from spark_projections.source import EVENTS_SCHEMA, read_events, stream_bounds
+from spark_projections.fold import (
+    DEAD_LETTERS_TABLE,
+    DELETED,
+    GROUP_COLUMN,
+    TABLE,
+    FoldConstraintError,
+    HandlerFailedError,
+    bound_registry,
+    check_one_writer,
+    fold_events,
+    fold_tables,
+    handler_failures,
+    split_tables,
+    table_schema,
+    value_column,
+)
+from spark_projections.source import read_events, stream_bounds
 
 __all__ = [
     "GROUP_COLUMN",
@@ -107,13 +103,6 @@ __all__ = [
     "update",
 ]
 
-GROUP_COLUMN = "_jetsourcing_group"
-"""Column of fold projections' Delta tables: the group (entity) whose events produced the row."""
-
-_KIND = "_jetsourcing_kind"  # 0: a stored row (fold start state), 1: an event
-_TABLE = "_jetsourcing_table"  # which of the projection's tables a state/output row belongs to
-_DELETED = "_jetsourcing_deleted"  # output tombstone: the row existed at the start and was deleted
-_OUTPUT_ROWS = 5000  # rows per Arrow batch a fold task emits
 _CLASH = "jetsourcing: a row changes group"  # raised inside a MERGE, turned into a FoldConstraintError
 
 Combine = Literal["sum", "min", "max", "last", "first"] | Callable[[Column, Column], Column]
@@ -124,31 +113,6 @@ unless it is null; ``"first"`` keeps the stored value unless it is null; a calla
 ``(stored, new)`` columns (stored is null for a new key) and returns the merged column.
 """
 
-_PYTHON_TO_SPARK: dict[type, DataType] = {
-    str: StringType(),
-    int: LongType(),
-    float: DoubleType(),
-    bool: BooleanType(),
-    bytes: BinaryType(),
-}
-
-
-class FoldConstraintError(SparkProjectionError):
-    """Several groups wrote the same read-model row, so the projection cannot be folded per group.
-
-    ``table`` is the table, ``examples`` some offending keys with the groups that wrote them.
-    """
-
-    def __init__(self, projection: str, table: str, group_by: str, examples: Sequence[tuple[Any, list[str]]]) -> None:
-        self.projection = projection
-        self.table = table
-        self.examples = tuple(examples)
-        shown = "; ".join(f"key {key!r} by {', '.join(groups[:3])}" for key, groups in examples)
-        super().__init__(
-            f"{projection}: rows of table {table!r} were written while folding several {group_by} groups ({shown}). "
-            f"Spark folds each {group_by} group on its own, so handlers may only touch rows keyed by their event's "
-            "group; fold by a coarser column (group_by=...), or write this read model as a DataFrameProjection."
-        )
 
 
 @dataclass(frozen=True)
@@ -217,12 +181,6 @@ def table_names(projection: AnyProjection) -> list[str]:
     return [table.name for table in projection.tables]
 
 
-def table_schema(table: Table) -> StructType:
-    """The Spark schema of a fold projection's Delta table: declared columns, then :data:`GROUP_COLUMN`."""
-    fields = [StructField(c.name, _PYTHON_TO_SPARK[c.type], nullable=True) for c in table.columns]
-    return StructType([*fields, StructField(GROUP_COLUMN, StringType(), nullable=True)])
-
-
 # -- running ---------------------------------------------------------------------------------------
 
 
@@ -236,6 +194,7 @@ def rebuild(
     to_position: int | None = None,
     partitions: int | None = None,
     group_by: str = "stream_id",
+    error_policy: ErrorPolicy | str | None = None,
     progress: Progress | None = None,
 ) -> ProjectionRun:
     """Compute every table of ``projection`` from the whole history and replace it, one commit per table.
@@ -246,11 +205,17 @@ def rebuild(
     ``partitions`` is the number of parallel stream reads (default: Spark's
     default parallelism). A table already recorded at that position is left
     alone (``applied=False``), so re-running after a crash finishes the job;
-    when every table is, nothing is computed (``noop``). ``progress`` is told each
+    when every table is, nothing is computed (``noop``). ``error_policy`` (default:
+    the projection's own) says what a handler error does, as in the daemon:
+    ``stop`` raises :class:`HandlerFailedError` naming the earliest failing event
+    and writes nothing; ``dead_letter`` leaves the failing commits out and records
+    them in the ``_dead_letters`` table under ``root``. ``progress`` is told each
     stage as it starts (reading, folding or building, writing each table).
     """
     high = last_position(settings) if to_position is None else to_position
-    return _rebuild(spark, projection, settings, Path(root), registry, high, partitions, group_by, progress or _quiet)
+    policy = _policy(projection, error_policy)
+    return _rebuild(spark, projection, settings, Path(root), registry, high, partitions, group_by, progress or _quiet,
+                    policy)
 
 
 def update(
@@ -263,6 +228,7 @@ def update(
     to_position: int | None = None,
     partitions: int | None = None,
     group_by: str = "stream_id",
+    error_policy: ErrorPolicy | str | None = None,
     progress: Progress | None = None,
 ) -> ProjectionRun:
     """Bring the tables from their recorded position up to ``to_position`` (default: the last position).
@@ -271,28 +237,29 @@ def update(
     table. Falls back to :func:`rebuild` when a table has no recorded position
     for this projection version, when the tables disagree (an interrupted run)
     or for a DataFrame projection without ``combine``. Nothing new: ``noop``.
-    ``progress`` is told each stage as it starts, as for :func:`rebuild`.
+    ``error_policy`` and ``progress`` work as for :func:`rebuild`.
     """
     root = Path(root)
     say = progress or _quiet
+    policy = _policy(projection, error_policy)
     app_id = app_id_of(projection)
     high = last_position(settings) if to_position is None else to_position
     low = common_position(spark, projection, root)
     if low is None:
         say("no common recorded position in the tables: rebuilding")
-        return _rebuild(spark, projection, settings, root, registry, high, partitions, group_by, say)
+        return _rebuild(spark, projection, settings, root, registry, high, partitions, group_by, say, policy)
     if high <= low:
         say(f"the tables are at position {low}: nothing new")
         return ProjectionRun(projection.name, app_id, "noop", low + 1, low)
     if isinstance(projection, DataFrameProjection) and projection.combine is None:
         say("a DataFrame projection without combine: rebuilding")
-        return _rebuild(spark, projection, settings, root, registry, high, partitions, group_by, say)
+        return _rebuild(spark, projection, settings, root, registry, high, partitions, group_by, say, policy)
     say(_reading(settings, projection, low + 1, high))
     events = read_events(spark, settings, categories=projection.categories, from_position=low + 1,
                          to_position=high, partitions=partitions, columns=_columns_of(projection))
     if isinstance(projection, DataFrameProjection):
         return _merge_dataframe(projection, events, root, app_id, low, high, say)
-    return _merge_fold(projection, events, root, app_id, low, high, registry, group_by, say)
+    return _merge_fold(projection, events, root, app_id, low, high, registry, group_by, say, policy)
 
 
 def common_position(spark: SparkSession, projection: AnyProjection, root: str | os.PathLike[str]) -> int | None:
@@ -315,6 +282,7 @@ def merge_events(
     position: int,
     registry: TypeRegistry | None = None,
     group_by: str = "stream_id",
+    error_policy: ErrorPolicy | str | None = None,
     progress: Progress | None = None,
 ) -> ProjectionRun:
     """Bring the tables to ``position`` with ``events``: the events after their recorded position, up to ``position``.
@@ -330,14 +298,16 @@ def merge_events(
     these events: :class:`SparkProjectionError`, rebuild them. A DataFrame
     projection needs ``combine``. ``events`` has the columns of
     :data:`~spark_projections.source.EVENTS_SCHEMA` (a DataFrame projection's
-    ``columns`` at least).
+    ``columns`` at least); events at or before the recorded position are left out,
+    so ``events`` may reach back further. ``error_policy`` works as for :func:`rebuild`.
     """
     root = Path(root)
     say = progress or _quiet
+    policy = _policy(projection, error_policy)
     app_id = app_id_of(projection)
     recorded = {recorded_position(spark, root / name, app_id) for name in table_names(projection)}
     if recorded == {None}:
-        return _rebuild_from(projection, events, root, app_id, position, registry, group_by, say)
+        return _rebuild_from(projection, events, root, app_id, position, registry, group_by, say, policy)
     low = recorded.pop() if len(recorded) == 1 else None
     if low is None:
         raise SparkProjectionError(
@@ -352,12 +322,26 @@ def merge_events(
             raise SparkProjectionError(
                 f"{projection.name}: a DataFrame projection without combine cannot merge new events; rebuild it."
             )
-        return _merge_dataframe(projection, events, root, app_id, low, position, say)
-    return _merge_fold(projection, events, root, app_id, low, position, registry, group_by, say)
+    new = events.where(F.col("position") > low)
+    if isinstance(projection, DataFrameProjection):
+        return _merge_dataframe(projection, new, root, app_id, low, position, say)
+    return _merge_fold(projection, new, root, app_id, low, position, registry, group_by, say, policy)
 
 
 Progress = Callable[[str], None]
 """Told each stage of a :func:`rebuild` or :func:`update` as it starts, in words."""
+
+
+def _policy(projection: AnyProjection, given: ErrorPolicy | str | None) -> ErrorPolicy:
+    """The error policy asked for, or else the projection's own (a DataFrame projection has no handlers)."""
+    if given is not None:
+        try:
+            return ErrorPolicy(given)
+        except ValueError:
+            raise SparkProjectionError(
+                f"Unknown error policy {given!r}: use {' or '.join(repr(p.value) for p in ErrorPolicy)}."
+            ) from None
+    return projection.error_policy if isinstance(projection, Projection) else ErrorPolicy.STOP
 
 
 def _quiet(stage: str) -> None:
@@ -383,6 +367,7 @@ def _rebuild(
     partitions: int | None,
     group_by: str,
     say: Progress,
+    policy: ErrorPolicy,
 ) -> ProjectionRun:
     app_id = app_id_of(projection)
     recorded = [recorded_position(spark, root / name, app_id) for name in table_names(projection)]
@@ -392,7 +377,7 @@ def _rebuild(
     say(_reading(settings, projection, 1, high))
     events = read_events(spark, settings, categories=projection.categories, to_position=high, partitions=partitions,
                          columns=_columns_of(projection))
-    return _rebuild_from(projection, events, root, app_id, high, registry, group_by, say)
+    return _rebuild_from(projection, events, root, app_id, high, registry, group_by, say, policy)
 
 
 def _rebuild_from(
@@ -404,6 +389,7 @@ def _rebuild_from(
     registry: TypeRegistry | None,
     group_by: str,
     say: Progress,
+    policy: ErrorPolicy,
 ) -> ProjectionRun:
     """Replace each table with what ``events``, the whole history up to ``high``, make of it (one commit each)."""
     if isinstance(projection, DataFrameProjection):
@@ -412,14 +398,16 @@ def _rebuild_from(
         return ProjectionRun(projection.name, app_id, "rebuild", 1, high, {projection.name: result})
     say(f"folding the events per {group_by} through the projection's handlers")
     counter = events.sparkSession.sparkContext.accumulator(0)
-    folded = _fold(projection, events, registry, group_by, None, counter).persist(StorageLevel.MEMORY_AND_DISK)
+    folded = fold_events(projection, events, registry, group_by, None, counter, policy=policy)
+    folded = folded.persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        tables = _split(projection, folded)
-        _check_one_writer(projection, tables, group_by)
+        _handle_failures(projection, folded, root, app_id, high, policy, replace=True)
+        tables = split_tables(projection, folded)
+        check_one_writer(projection, tables, group_by)
         results = {}
         for name, frame in tables.items():
             say(f"writing table {name} (one Delta commit)")
-            results[name] = full_rebuild(frame.drop(_DELETED), root / name, app_id=app_id, position=high)
+            results[name] = full_rebuild(frame.drop(DELETED), root / name, app_id=app_id, position=high)
     finally:
         folded.unpersist()
     return ProjectionRun(projection.name, app_id, "rebuild", 1, high, results, counter.value)
@@ -435,9 +423,10 @@ def _merge_fold(
     registry: TypeRegistry | None,
     group_by: str,
     say: Progress,
+    policy: ErrorPolicy,
 ) -> ProjectionRun:
     spark = events.sparkSession
-    registry = _bound(projection, registry)
+    registry = bound_registry(projection, registry)
     say(f"folding the new events per {group_by} onto the affected rows")
     # The new events are read from the stream once, here. Cached, their size is known, so
     # Spark broadcasts their groups to the scans of the stored rows rather than shuffling
@@ -454,12 +443,14 @@ def _merge_fold(
             for table in projection.tables
         ]
         counter = spark.sparkContext.accumulator(0)
-        folded = _fold(projection, handled, registry, group_by, state, counter).persist(StorageLevel.MEMORY_AND_DISK)
+        folded = fold_events(projection, handled, registry, group_by, state, counter, policy=policy)
+        folded = folded.persist(StorageLevel.MEMORY_AND_DISK)
         # Computed in full once, before the first table changes; should Spark recompute a
         # lost partition later, the pinned table versions above give it the same start state.
+        _handle_failures(projection, folded, root, app_id, high, policy, replace=False)
         if _check_fold(projection, folded, group_by) == 0:
             return ProjectionRun(projection.name, app_id, "noop", low + 1, low)
-        tables = _split(projection, folded)
+        tables = split_tables(projection, folded)
         results = {}
         for table in projection.tables:
             say(f"merging into table {table.name} (one Delta commit)")
@@ -481,23 +472,40 @@ def _check_fold(projection: Projection, folded: DataFrame, group_by: str) -> int
     would refuse the same history, unless one group deleted the row before the other
     wrote it; a merge refuses that too, as it cannot tell who owns the row.
     """
-    keys = {i: [_value_column(i, k) for k in table.key] for i, table in enumerate(projection.tables)}
+    keys = {i: [value_column(i, k) for k in table.key] for i, table in enumerate(projection.tables)}
     every_key = [F.col(c) for columns in keys.values() for c in columns]
-    per_key = folded.groupBy(F.col(_TABLE), *every_key).agg(
+    per_key = folded.where(F.col(TABLE) >= 0).groupBy(F.col(TABLE), *every_key).agg(
         F.count(F.lit(1)).alias("rows"), F.array_sort(F.collect_set(GROUP_COLUMN)).alias("groups")
     )
-    clash = F.when(F.col("rows") > 1, F.struct(F.col(_TABLE), F.col("groups"), *every_key))
+    clash = F.when(F.col("rows") > 1, F.struct(F.col(TABLE), F.col("groups"), *every_key))
     summary = per_key.agg(F.sum("rows").alias("rows"), F.slice(F.collect_list(clash), 1, 3).alias("clashes")).first()
     assert summary is not None
     if summary["clashes"]:
-        index = summary["clashes"][0][_TABLE]
+        index = summary["clashes"][0][TABLE]
         examples = [
             (row[keys[index][0]] if len(keys[index]) == 1 else tuple(row[c] for c in keys[index]), list(row["groups"]))
             for row in summary["clashes"]
-            if row[_TABLE] == index
+            if row[TABLE] == index
         ]
         raise FoldConstraintError(projection.name, projection.tables[index].name, group_by, examples)
     return int(summary["rows"] or 0)
+
+
+def _handle_failures(
+    projection: Projection, folded: DataFrame, root: Path, app_id: str, high: int, policy: ErrorPolicy, *, replace: bool
+) -> None:
+    """Apply the error policy to the fold's handler failures before any table changes: under ``stop`` raise
+    :class:`HandlerFailedError` for the earliest; under ``dead_letter`` write them to the dead-letter table, in
+    place of its rows (``replace``, a rebuild) or added to them, recorded at ``high`` as every table is."""
+    failures = handler_failures(folded)
+    earliest = failures.orderBy("position", "index").limit(1).collect()
+    if earliest and policy is ErrorPolicy.STOP:
+        raise HandlerFailedError(projection.name, earliest[0].asDict(), failures.count())
+    path = root / DEAD_LETTERS_TABLE
+    if replace and (earliest or table_version(folded.sparkSession, path) >= 0):
+        full_rebuild(failures, path, app_id=app_id, position=high)
+    elif earliest:
+        incremental_merge(failures, path, keys=("position", "index"), app_id=app_id, position=high)
 
 
 def _merge_fold_table(
@@ -515,7 +523,7 @@ def _merge_fold_table(
     path = root / table.name
     try:
         return incremental_merge(
-            rows, path, keys=table.key, app_id=app_id, position=high, deleted_col=_DELETED,
+            rows, path, keys=table.key, app_id=app_id, position=high, deleted_col=DELETED,
             combine={GROUP_COLUMN: _same_group}, checked=True,
         )
     except Exception as exc:  # the JVM's error, as py4j or PySpark hands it over
@@ -531,7 +539,7 @@ def _same_group(stored: Column, new: Column) -> Column:
 
 def _group_changes(table: Table, rows: DataFrame, stored: DataFrame) -> list[tuple[Any, list[str]]]:
     """Some keys of ``rows`` stored under another group, with both groups."""
-    alive = rows.where(~F.coalesce(F.col(_DELETED), F.lit(False)))
+    alive = rows.where(~F.coalesce(F.col(DELETED), F.lit(False)))
     same_key = reduce(lambda a, b: a & b, [F.col(f"n.`{k}`").eqNullSafe(F.col(f"o.`{k}`")) for k in table.key])
     found = (
         alive.alias("n").join(stored.alias("o"), same_key)
@@ -583,255 +591,6 @@ def _combine(how: Combine, stored: Column, new: Column) -> Column:
     if how == "first":
         return F.coalesce(stored, new)
     raise ValueError(f"Unknown combine {how!r}: use 'sum', 'min', 'max', 'last', 'first' or a function.")
-
-
-# -- folding the daemon's projections ---------------------------------------------------------------
-
-
-def fold_tables(
-    projection: Projection,
-    events: DataFrame,
-    *,
-    registry: TypeRegistry | None = None,
-    group_by: str = "stream_id",
-) -> dict[str, DataFrame]:
-    """The read-model tables ``projection``'s handlers build from ``events`` (table name -> rows).
-
-    Each DataFrame has :func:`table_schema`'s columns. Lazy: nothing runs until
-    an action; use :func:`rebuild` to write them with their position.
-    """
-    folded = _fold(projection, events, registry, group_by, state=None)
-    return {name: frame.drop(_DELETED) for name, frame in _split(projection, folded).items()}
-
-
-def _bound(projection: Projection, registry: TypeRegistry | None) -> TypeRegistry:
-    registry = registry if registry is not None else TypeRegistry()
-    projection.bind(registry)
-    return registry
-
-
-def _value_column(index: int, column: str) -> str:
-    return f"_jetsourcing_t{index}_{column}"
-
-
-def _fold_schema(projection: Projection) -> StructType:
-    """Rows a fold emits (and reads back as its start state): group, table, tombstone, every table's columns."""
-    fields = [
-        StructField(GROUP_COLUMN, StringType()),
-        StructField(_TABLE, IntegerType()),
-        StructField(_DELETED, BooleanType()),
-    ]
-    for i, table in enumerate(projection.tables):
-        fields += [StructField(_value_column(i, c.name), _PYTHON_TO_SPARK[c.type]) for c in table.columns]
-    return StructType(fields)
-
-
-_EVENT_COLUMNS = ("position", "index", "stream_id", "version", "type", "schema_version", "event_id",
-                  "correlation_id", "causation_id", "recorded_at", "payload")
-
-
-def _fold(
-    projection: Projection,
-    events: DataFrame,
-    registry: TypeRegistry | None,
-    group_by: str,
-    state: Sequence[DataFrame] | None,
-    counter: Accumulator[int] | None = None,
-) -> DataFrame:
-    """Fold the handled events group by group; ``state`` holds each table's stored rows of the affected groups;
-    ``counter`` counts the events folded."""
-    registry = _bound(projection, registry)
-    spark = events.sparkSession
-    out_schema = _fold_schema(projection)
-    event_types = {f.name: f.dataType for f in EVENTS_SCHEMA.fields}
-    handled = events.where(F.col("type").isin(sorted(projection.handled_types)))
-    # One input stream per task: state rows (kind 0) then events (kind 1), per group.
-    inputs = handled.select(
-        F.col(group_by).cast("string").alias(GROUP_COLUMN),
-        F.lit(1).alias(_KIND),
-        *[F.col(c) for c in _EVENT_COLUMNS],
-        *[F.lit(None).cast(f.dataType).alias(f.name) for f in out_schema.fields[1:]],
-    )
-    for i, (table, rows) in enumerate(zip(projection.tables, state or ())):
-        values = {_value_column(i, c.name): F.col(c.name) for c in table.columns}
-        inputs = inputs.unionByName(
-            rows.select(
-                F.col(GROUP_COLUMN),
-                F.lit(0).alias(_KIND),
-                *[F.lit(None).cast(event_types[c]).alias(c) for c in _EVENT_COLUMNS],
-                F.lit(i).alias(_TABLE),
-                F.lit(False).alias(_DELETED),
-                *[
-                    values.get(f.name, F.lit(None)).cast(f.dataType).alias(f.name)
-                    for f in out_schema.fields[3:]
-                ],
-            )
-        )
-    partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or "2")
-    ordered = inputs.repartition(partitions, GROUP_COLUMN).sortWithinPartitions(
-        GROUP_COLUMN, _KIND, "position", "index"
-    )
-    folder = _GroupFolder(projection, registry, incremental=state is not None, counter=counter)
-    return ordered.mapInArrow(folder, out_schema)
-
-
-def _split(projection: Projection, folded: DataFrame) -> dict[str, DataFrame]:
-    """Each table's rows (declared columns, the group, the tombstone) from the folded rows."""
-    out = {}
-    for i, table in enumerate(projection.tables):
-        out[table.name] = folded.where(F.col(_TABLE) == i).select(
-            *[F.col(_value_column(i, c.name)).alias(c.name) for c in table.columns],
-            F.col(GROUP_COLUMN),
-            F.col(_DELETED),
-        )
-    return out
-
-
-def _check_one_writer(projection: Projection, tables: Mapping[str, DataFrame], group_by: str) -> None:
-    for table in projection.tables:
-        keys = [F.col(f"`{k}`") for k in table.key]
-        clashes = (
-            tables[table.name]
-            .groupBy(*keys)
-            .agg(F.count(F.lit(1)).alias("rows"), F.collect_set(GROUP_COLUMN).alias("groups"))
-            .where(F.col("rows") > 1)
-            .limit(3)
-            .collect()
-        )
-        if clashes:
-            examples = [
-                (row[0] if len(table.key) == 1 else tuple(row[: len(table.key)]), sorted(row["groups"]))
-                for row in clashes
-            ]
-            raise FoldConstraintError(projection.name, table.name, group_by, examples)
-
-
-class _GroupFolder:
-    """The ``mapInArrow`` function: folds each group of a sorted partition into a MemoryStore.
-
-    Picklable (shipped to the executors with the projection and registry).
-    Input rows are sorted by (group, kind, position, index), so a group's stored
-    rows come before its events, and its events in stream order.
-    """
-
-    def __init__(
-        self, projection: Projection, registry: TypeRegistry, *, incremental: bool, counter: Accumulator[int] | None
-    ) -> None:
-        self.projection = projection
-        self.registry = registry
-        self.incremental = incremental
-        self.counter = counter
-
-    def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        projection, registry = self.projection, self.registry
-        projection.bind(registry)
-        tables = projection.tables
-        names = [t.name for t in tables]
-        columns = [[_value_column(i, c.name) for c in t.columns] for i, t in enumerate(tables)]
-        emitter = _Emitter(projection)
-        streams: dict[str, StreamId] = {}
-        group: str | None = None
-        store = MemoryStore.for_projection(projection)
-        events: list[RecordedEvent] = []
-        for batch in batches:
-            data = batch.to_pydict()
-            groups, kinds = data[GROUP_COLUMN], data[_KIND]
-            if self.counter is not None:
-                self.counter.add(sum(kinds))  # kind 1: an event
-            for r in range(batch.num_rows):
-                if groups[r] != group:
-                    if group is not None:
-                        self._finish(group, store, events, emitter)
-                    group = groups[r]
-                    store = MemoryStore.for_projection(projection)
-                    events = []
-                if kinds[r] == 0:
-                    t = data[_TABLE][r]
-                    row = {c.name: data[name][r] for c, name in zip(tables[t].columns, columns[t])}
-                    store.data[names[t]][tables[t].key_of(row)] = row
-                    continue
-                text = data["stream_id"][r]
-                stream_id = streams.get(text)
-                if stream_id is None:
-                    stream_id = streams[text] = StreamId.parse(text)
-                recorded_at: datetime = data["recorded_at"][r]
-                events.append(
-                    RecordedEvent(
-                        data["position"][r], data["index"][r], stream_id, data["version"][r], data["type"][r],
-                        data["schema_version"][r], data["event_id"][r], data["payload"][r].encode(),
-                        _recorded_at_text(recorded_at), data["correlation_id"][r], data["causation_id"][r],
-                        registry,
-                    )
-                )
-            yield from emitter.flush(_OUTPUT_ROWS)
-        if group is not None:
-            self._finish(group, store, events, emitter)
-        yield from emitter.flush(0)
-
-    def _finish(self, group: str, store: MemoryStore, events: list[RecordedEvent], emitter: _Emitter) -> None:
-        initial = {name: dict(rows) for name, rows in store.data.items()} if self.incremental else None
-        fold(self.projection, events, store)
-        for name, rows in store.data.items():
-            for row in rows.values():
-                emitter.add(name, group, row, deleted=False)
-            if initial is not None:
-                for key, row in initial[name].items():
-                    if key not in rows:
-                        emitter.add(name, group, row, deleted=True)
-
-
-def _recorded_at_text(value: datetime | None) -> str:
-    if value is None:
-        return ""
-    if value.tzinfo is None:  # Arrow hands over UTC timestamps as naive or aware depending on the path
-        value = value.replace(tzinfo=timezone.utc)
-    return value.astimezone(timezone.utc).isoformat(timespec="microseconds")
-
-
-class _Emitter:
-    """Collects output rows per table and turns them into Arrow batches of the fold schema."""
-
-    def __init__(self, projection: Projection) -> None:
-        self.schema = _fold_schema(projection)
-        self.arrow_schema = _arrow_schema(self.schema)
-        self.tables = {t.name: (i, t) for i, t in enumerate(projection.tables)}
-        self.rows: dict[str, list[tuple[str, bool, dict[str, Any]]]] = {t.name: [] for t in projection.tables}
-        self.count = 0
-
-    def add(self, table: str, group: str, row: dict[str, Any], *, deleted: bool) -> None:
-        self.rows[table].append((group, deleted, row))
-        self.count += 1
-
-    def flush(self, at_least: int) -> Iterator[pa.RecordBatch]:
-        if self.count == 0 or self.count < at_least:
-            return
-        for name, rows in self.rows.items():
-            if not rows:
-                continue
-            index, table = self.tables[name]
-            size = len(rows)
-            arrays: dict[str, pa.Array] = {
-                GROUP_COLUMN: pa.array([r[0] for r in rows], pa.string()),
-                _TABLE: pa.array([index] * size, pa.int32()),
-                _DELETED: pa.array([r[1] for r in rows], pa.bool_()),
-            }
-            for column in table.columns:
-                name_out = _value_column(index, column.name)
-                arrays[name_out] = pa.array(
-                    [r[2].get(column.name) for r in rows], self.arrow_schema.field(name_out).type
-                )
-            yield pa.RecordBatch.from_arrays(
-                [arrays[f.name] if f.name in arrays else pa.nulls(size, f.type) for f in self.arrow_schema],
-                schema=self.arrow_schema,
-            )
-            rows.clear()
-        self.count = 0
-
-
-def _arrow_schema(schema: StructType) -> pa.Schema:
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    return to_arrow_schema(schema, timezone="UTC")
 
 
 # -- helpers -----------------------------------------------------------------------------------------

@@ -88,6 +88,7 @@ __all__ = [
     "JetStreamDataSource",
     "read_events",
     "register",
+    "settings_options",
     "split_range",
     "stream_bounds",
 ]
@@ -231,7 +232,7 @@ def read_events(
     register(spark)
     reader = (
         spark.read.format(FORMAT)
-        .options(**_settings_options(settings))
+        .options(**settings_options(settings))
         .option("from_position", str(from_position))
         .option("partitions", str(partitions or spark.sparkContext.defaultParallelism))
         .option("batch", str(batch))
@@ -249,7 +250,7 @@ def read_events(
     return reader.load()
 
 
-def _settings_options(settings: EventStoreSettings) -> dict[str, str]:
+def settings_options(settings: EventStoreSettings) -> dict[str, str]:
     """The data source options that say where ``settings``' stream is and how to connect to it (secrets included)."""
     return {
         "url": settings.nats_url or "",

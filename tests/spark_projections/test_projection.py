@@ -69,11 +69,13 @@ async def history(store: EventStore, appends: list[tuple[str, list[BaseModel]]])
     return await store.last_position()
 
 
-async def daemon_read_model(store: EventStore, projection: Projection, tmp: Path) -> dict[str, list[dict[str, Any]]]:
+async def daemon_read_model(
+    store: EventStore, projection: Projection, tmp: Path, error_policy: str | None = None
+) -> dict[str, list[dict[str, Any]]]:
     """The daemon's SQLite read model, built in burst mode (its production code path)."""
     settings = ProjectionSettings(
         eventstore=store.settings, database=tmp / f"{uuid.uuid4().hex[:6]}.sqlite3",
-        lease_bucket=f"L{uuid.uuid4().hex[:10]}", lease_ttl_s=2.0, heartbeat_s=0.5,
+        lease_bucket=f"L{uuid.uuid4().hex[:10]}", lease_ttl_s=2.0, heartbeat_s=0.5, error_policy=error_policy,
     )
     outcomes = await Daemon([projection], settings, event_store=store).run(until_caught_up=True)
     assert {o.value for o in outcomes.values()} == {"caught_up"}

@@ -1,0 +1,336 @@
+"""Follow the event stream continuously into a projection's Delta tables: a Structured Streaming query.
+
+Example::
+
+    from spark_projections import follow
+
+    follower = follow(spark, AccountBalances(), settings, "/lake/accounts", trigger_s=1.0)
+    ...
+    follower.stop()          # after the micro-batch in flight, if any
+
+From a shell: ``jetsourcing spark follow myapp.views:AccountBalances --root /lake/accounts``
+(SIGTERM or Ctrl-C stops it after the current micro-batch).
+
+How it works: ``spark.readStream.format("jetstream")`` (:mod:`spark_projections.stream`)
+hands over micro-batches of whole commits; each one goes through
+:func:`~spark_projections.projection.merge_events`, which folds it with the
+projection's handlers as :func:`~spark_projections.projection.update` does and
+MERGEs it into each table in one Delta commit carrying ``txnAppId=<name>.v<version>``
+and ``txnVersion=<the batch's last position>``. So:
+
+* a micro-batch Spark runs again after a crash (its offsets were logged, its
+  commit was not) changes nothing the first run already wrote;
+* with its checkpoint deleted, the query starts after the tables' recorded
+  position, and anything it reads again is skipped by the same guard;
+* the first micro-batch of new tables (or of a new projection version) builds
+  them from the first event.
+
+The checkpoint defaults to ``<root>/_jetsourcing/checkpoints/<name>.v<version>``;
+after each micro-batch, what it did is written to
+``<root>/_jetsourcing/follow-<name>.v<version>.json`` (``jetsourcing spark status``
+shows it). A DataFrame projection follows only when it has ``combine`` (its
+partial rows are merged into the stored ones); otherwise it is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming.query import StreamingQuery
+from pyspark.sql.types import StructType
+
+from eventstore import EventStoreSettings, TypeRegistry
+from projections import ErrorPolicy
+from spark_projections.delta import recorded_position
+from spark_projections.errors import SparkProjectionError
+from spark_projections.projection import (
+    AnyProjection,
+    DataFrameProjection,
+    Progress,
+    ProjectionRun,
+    app_id_of,
+    common_position,
+    merge_events,
+    rebuild,
+    table_names,
+)
+from spark_projections.source import EVENTS_SCHEMA, FORMAT, register, settings_options
+from spark_projections.stream import DEFAULT_MAX_EVENTS_PER_TRIGGER
+
+__all__ = ["FollowError", "FollowStatus", "Follower", "follow", "follow_status", "status_path"]
+
+_STATE = "_jetsourcing"
+
+
+class FollowError(SparkProjectionError):
+    """A projection cannot be followed as asked (a DataFrame projection without ``combine``, a checkpoint whose
+    tables are gone, ...); the message says what to do."""
+
+
+@dataclass(frozen=True)
+class FollowStatus:
+    """What the last micro-batch of a follower did, as written after it (``jetsourcing spark status`` shows it).
+
+    ``position`` is the last position the follower has read (the batch's last
+    event of the projection's categories); ``tables_position`` the one the
+    tables record (lower when the newest events change nothing, as events of
+    types without a handler do); ``mode`` the
+    :class:`~spark_projections.projection.ProjectionRun` mode (``"rebuild"``,
+    ``"merge"``, ``"noop"``) or ``"empty"`` (no events of the projection's
+    categories in the batch); ``events`` the events the batch held; ``seconds``
+    how long it took; ``at`` when it ended (Unix time); ``last_progress`` Spark's
+    ``StreamingQuery.lastProgress`` of the batch before it (rates, durations).
+    """
+
+    app_id: str
+    batch_id: int
+    mode: str
+    position: int | None
+    tables_position: int | None
+    events: int
+    seconds: float
+    at: float
+    last_progress: dict[str, Any] | None
+
+
+def checkpoint_path(root: str | os.PathLike[str], projection: AnyProjection) -> Path:
+    """Where :func:`follow` keeps its Spark checkpoint unless told otherwise."""
+    return Path(root) / _STATE / "checkpoints" / app_id_of(projection)
+
+
+def status_path(root: str | os.PathLike[str], projection: AnyProjection) -> Path:
+    """Where :func:`follow` writes its :class:`FollowStatus` after each micro-batch."""
+    return Path(root) / _STATE / f"follow-{app_id_of(projection)}.json"
+
+
+def follow_status(root: str | os.PathLike[str], projection: AnyProjection) -> FollowStatus | None:
+    """The last :class:`FollowStatus` a follower of ``projection`` wrote under ``root``; None if none ever ran."""
+    try:
+        data = json.loads(status_path(root, projection).read_text())
+    except FileNotFoundError:
+        return None
+    return FollowStatus(**data)
+
+
+class Follower:
+    """A running :func:`follow`: its streaming query, and a stop that lets the micro-batch in flight finish."""
+
+    def __init__(self, query: StreamingQuery, writer: _BatchWriter) -> None:
+        self.query = query
+        self._writer = writer
+
+    @property
+    def status(self) -> FollowStatus | None:
+        """What the last micro-batch did (None before the first one ends)."""
+        return self._writer.last
+
+    @property
+    def error(self) -> BaseException | None:
+        """The error that failed the query, as raised in the micro-batch (e.g. a :class:`HandlerFailedError`)."""
+        return self._writer.error
+
+    @property
+    def active(self) -> bool:
+        """True while the query runs."""
+        return bool(self.query.isActive)
+
+    def await_termination(self, timeout_s: float | None = None) -> bool:
+        """Wait for the query to end (an ``available_now`` follower ends once caught up); False on timeout.
+
+        Raises the query's error, as :class:`pyspark.errors.StreamingQueryException`, if it failed.
+        """
+        if timeout_s is None:
+            self.query.awaitTermination()
+            return True
+        return bool(self.query.awaitTermination(timeout_s))  # type: ignore[arg-type] # seconds, any number
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """Stop the query once the micro-batch in flight has been written, waiting at most ``grace_s`` for it.
+
+        After ``grace_s`` the query is stopped anyway: the batch's Delta commits are
+        exactly-once, so a batch cut short is redone whole by the next run.
+        """
+        self._writer.idle.wait(grace_s)
+        self.query.stop()
+
+
+def follow(
+    spark: SparkSession,
+    projection: AnyProjection,
+    settings: EventStoreSettings,
+    root: str | os.PathLike[str],
+    *,
+    checkpoint: str | os.PathLike[str] | None = None,
+    trigger_s: float = 1.0,
+    max_events_per_trigger: int = DEFAULT_MAX_EVENTS_PER_TRIGGER,
+    partitions: int | None = None,
+    registry: TypeRegistry | None = None,
+    group_by: str = "stream_id",
+    error_policy: ErrorPolicy | str = ErrorPolicy.STOP,
+    available_now: bool = False,
+    progress: Progress | None = None,
+) -> Follower:
+    """Start a streaming query that keeps ``projection``'s Delta tables under ``root`` up to date; see the module docs.
+
+    ``trigger_s``: a micro-batch starts every ``trigger_s`` seconds (when the previous
+    one is done). ``max_events_per_trigger`` bounds a micro-batch in stream
+    positions; ``partitions`` is how many parallel reads a micro-batch makes
+    (default: Spark's default parallelism). ``error_policy`` is the daemon's:
+    ``stop`` fails the query naming the event, ``dead_letter`` records the failing
+    commit in ``<root>/_dead_letters`` and goes on. ``available_now`` reads what
+    the stream holds now, then ends (see :meth:`Follower.await_termination`).
+    ``progress`` is told each micro-batch's outcome in words.
+
+    Raises :class:`FollowError` for a projection that cannot stream, or tables
+    gone while the checkpoint remains, before anything starts.
+    """
+    if settings.nats_url is None:
+        raise FollowError("follow needs settings.nats_url (or NATS_URL): Spark must reach a running server.")
+    if not (isinstance(trigger_s, (int, float)) and not isinstance(trigger_s, bool) and trigger_s > 0):
+        raise FollowError(f"trigger_s must be a positive number of seconds, not {trigger_s!r}.")
+    if isinstance(projection, DataFrameProjection) and projection.combine is None:
+        raise FollowError(
+            f"DataFrame projection {projection.name!r} has no combine, so a micro-batch's rows cannot be merged into "
+            "the stored ones. Give it combine= (combine={} when each batch only adds new keys, as an append-only "
+            "output does), or run `jetsourcing spark rebuild` on a schedule instead."
+        )
+    policy = ErrorPolicy(error_policy)
+    checkpoint_dir = Path(checkpoint) if checkpoint is not None else checkpoint_path(root, projection)
+    recorded = common_position(spark, projection, root)
+    if recorded is None and any(
+        recorded_position(spark, Path(root) / name, app_id_of(projection)) is not None for name in table_names(projection)
+    ):
+        # An interrupted batch run left the tables at different positions: new events cannot bring them up to date.
+        if progress is not None:
+            progress("the tables record different positions: rebuilding them first")
+        recorded = rebuild(spark, projection, settings, root, registry=registry, partitions=partitions,
+                           group_by=group_by, error_policy=policy, progress=progress).position
+    elif recorded is None and _has_progress(checkpoint_dir):
+        raise FollowError(
+            f"The tables of {projection.name!r} under {root} are missing, but the checkpoint {checkpoint_dir} says "
+            "batches were written: the tables were deleted. Delete the checkpoint folder too, to build them again "
+            "from the first event."
+        )
+    register(spark)
+    reader = (
+        spark.readStream.format(FORMAT)
+        .options(**settings_options(settings))
+        .option("starting_position", str((recorded or 0) + 1))
+        .option("max_events_per_trigger", str(max_events_per_trigger))
+        .option("partitions", str(partitions or spark.sparkContext.defaultParallelism))
+    )
+    if projection.categories:
+        reader = reader.option("categories", ",".join(projection.categories))
+    if isinstance(projection, DataFrameProjection) and projection.columns is not None:
+        fields = {f.name: f for f in EVENTS_SCHEMA.fields}
+        reader = reader.schema(StructType([fields[c] for c in dict.fromkeys(("position", *projection.columns))]))
+    writer = _BatchWriter(projection, settings, Path(root), registry, group_by, policy, progress)
+    stream = reader.load().writeStream.foreachBatch(writer).option("checkpointLocation", str(checkpoint_dir))
+    stream = stream.queryName(f"jetsourcing-{app_id_of(projection)}")
+    stream = stream.trigger(availableNow=True) if available_now else stream.trigger(processingTime=f"{trigger_s} seconds")
+    query = stream.start()
+    writer.query = query
+    return Follower(query, writer)
+
+
+def _has_progress(checkpoint: Path) -> bool:
+    """Whether a (local) Spark checkpoint has committed batches."""
+    commits = checkpoint / "commits"
+    return commits.is_dir() and any(commits.iterdir())
+
+
+class _BatchWriter:
+    """The ``foreachBatch`` function: one micro-batch of events into the tables, then the status file."""
+
+    def __init__(
+        self,
+        projection: AnyProjection,
+        settings: EventStoreSettings,
+        root: Path,
+        registry: TypeRegistry | None,
+        group_by: str,
+        policy: ErrorPolicy,
+        progress: Progress | None,
+    ) -> None:
+        self.projection = projection
+        self.settings = settings
+        self.root = root
+        self.registry = registry
+        self.group_by = group_by
+        self.policy = policy
+        self.progress = progress
+        self.query: StreamingQuery | None = None
+        self.last: FollowStatus | None = None
+        self.error: BaseException | None = None
+        self.idle = threading.Event()
+        self.idle.set()
+
+    def __call__(self, df: DataFrame, batch_id: int) -> None:
+        self.idle.clear()
+        try:
+            self._write(df, batch_id)
+        except BaseException as exc:
+            self.error = exc  # Spark hands the query's caller a JVM wrapper of it; keep the original
+            raise
+        finally:
+            self.idle.set()
+
+    def _write(self, df: DataFrame, batch_id: int) -> None:
+        started = time.monotonic()
+        events = df.persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            row = events.agg(F.max("position"), F.count(F.lit(1))).first()
+            assert row is not None
+            position, count = row[0], int(row[1])
+            run: ProjectionRun | None = None
+            if position is not None:
+                run = merge_events(
+                    events.sparkSession, self.projection, events, self.root, position=position,
+                    registry=self.registry, group_by=self.group_by, error_policy=self.policy,
+                )
+        finally:
+            events.unpersist()
+        previous = self.last
+        status = FollowStatus(
+            app_id=app_id_of(self.projection),
+            batch_id=batch_id,
+            mode="empty" if run is None else run.mode,
+            position=position if position is not None or previous is None else previous.position,
+            tables_position=run.position if run is not None else previous.tables_position if previous else None,
+            events=count,
+            seconds=round(time.monotonic() - started, 3),
+            at=time.time(),
+            last_progress=_last_progress(self.query),
+        )
+        self.last = status
+        _write_json(status_path(self.root, self.projection), status.__dict__)
+        if self.progress is not None:
+            where = "" if run is None else f", read to position {position:,}, the tables at {run.position:,}"
+            self.progress(f"batch {batch_id}: {count:,} events, {status.mode}{where} in {status.seconds:.1f}s")
+
+
+def _last_progress(query: StreamingQuery | None) -> dict[str, Any] | None:
+    progress = None if query is None else query.lastProgress
+    if progress is None:
+        return None
+    return dict(json.loads(progress.json)) if hasattr(progress, "json") else dict(progress)
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    """Replace ``path`` with ``data`` atomically: a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    with os.fdopen(fd, "w") as out:
+        json.dump(data, out)
+    os.replace(tmp, path)
+
