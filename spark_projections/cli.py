@@ -154,6 +154,7 @@ def _rows_written(spark: SparkSession, root: str, name: str, result: WriteResult
 def _check() -> int:
     # Imported here so `--help` stays instant and never touches Spark.
     from spark_projections.delta import full_rebuild
+    from spark_projections.jars import delta_coordinate, session_jars
     from spark_projections.java import check_java
     from spark_projections.session import SparkSettings, spark_session
 
@@ -171,10 +172,14 @@ def _check() -> int:
     jars = spark.sparkContext.getConf().get("spark.jars") or ""
     print(f"java: {java.version} ({java.executable})")
     print(f"spark: {spark.version} master={spark.sparkContext.master}")
+    packages = spark.sparkContext.getConf().get("spark.jars.packages")
     if settings.delta_jars_dir is not None:
         print(f"delta jars: offline from {settings.delta_jars_dir}")
+    elif packages:
+        print(f"delta jars: {packages} (Maven, through Ivy)")
     else:
-        print(f"delta jars: {spark.conf.get('spark.jars.packages')} (Maven)")
+        folders = sorted({str(jar.parent) for jar in session_jars(spark)})
+        print(f"delta jars: {delta_coordinate(settings.delta_version)} (from the jars cache: {', '.join(folders)})")
     print(f"classpath jars: {len([j for j in jars.split(',') if j])}")
     print(f"session start: {elapsed:.1f}s")
     ok = [tuple(r) for r in rows] == [(1, "ok")] and written.applied
@@ -188,7 +193,7 @@ def _fetch(dest: Path, delta_version: str | None) -> int:
     from spark_projections.session import SparkSettings, spark_session
 
     settings = SparkSettings()
-    # Always resolve online, whatever the environment says about offline jars.
+    # Never from an offline folder, whatever the environment says: from the jars cache or Maven.
     update: dict[str, object] = {"delta_jars_dir": None}
     if delta_version:
         update["delta_version"] = delta_version

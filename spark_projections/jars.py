@@ -1,18 +1,28 @@
-"""Where the Delta Lake jars come from: Maven coordinates, offline folders, diagnosis.
+"""Where the Delta Lake jars come from: Maven coordinates, offline folders, jetsourcing's cache, diagnosis.
 
 Online mode asks Spark to resolve :func:`delta_coordinate` from Maven Central (Spark's
-Ivy caches it under ``~/.ivy2.5.2``). Offline mode points ``spark.jars`` at a folder
-prepared beforehand by :func:`export_delta_jars` (CLI: ``jetsourcing spark
-fetch-delta-jars DIR``) and validated by :func:`offline_delta_jars`.
-:func:`diagnose_launch_failure` turns what the JVM printed when it died during start-up
-into a typed error.
+Ivy caches it under ``~/.ivy2.5.2``). Even with Ivy's cache warm that costs over a
+second of the JVM's CPU and a long report at every start, so after a first resolution
+the jars are kept in a cache folder of jetsourcing's (:func:`store_delta_jars`) and
+later starts take them from there (:func:`cached_delta_jars`, verified against the
+SHA-256 of each jar) without running Ivy. Offline mode points ``spark.jars`` at a folder prepared beforehand by
+:func:`export_delta_jars` (CLI: ``jetsourcing spark fetch-delta-jars DIR``) and validated
+by :func:`offline_delta_jars`. :func:`diagnose_launch_failure` turns what the JVM printed
+when it died during start-up into a typed error.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
+import os
 import re
 import shutil
+import tempfile
+import uuid
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
@@ -26,16 +36,26 @@ from spark_projections.errors import (
 )
 
 __all__ = [
+    "CACHE_MANIFEST",
     "SCALA_BINARY_VERSION",
+    "cached_delta_jars",
     "delta_coordinate",
     "diagnose_launch_failure",
     "export_delta_jars",
+    "jars_cache_folder",
     "offline_delta_jars",
+    "session_jars",
     "spark_minor_version",
+    "store_delta_jars",
 ]
+
+logger = logging.getLogger(__name__)
 
 SCALA_BINARY_VERSION = "2.13"
 """Spark 4 is built for Scala 2.13 only."""
+
+CACHE_MANIFEST = "jetsourcing-jars.json"
+"""The file of a jars cache folder that lists its jars with their sizes and SHA-256 (see :func:`store_delta_jars`)."""
 
 # Ivy names retrieved jars `<org>_<artifact>-<version>.jar`; Maven names them
 # `<artifact>-<version>.jar`. Both forms are accepted.
@@ -123,22 +143,31 @@ def _jar_has(jar: Path, member: str) -> bool:
     return True
 
 
-def export_delta_jars(spark: SparkSession, dest: Path) -> list[Path]:
-    """Copy the jars this session resolved (its ``spark.jars``) into ``dest``.
+def session_jars(spark: SparkSession) -> list[Path]:
+    """The local jars on this session's classpath besides Spark's own (its ``spark.jars``), in order.
 
-    Run it with an online-mode session (which resolved the Delta coordinate and its
-    dependencies through Ivy): ``dest`` then holds exactly the classpath additions that
-    session used, and works as ``delta_jars_dir`` on a machine without network. Returns
-    the copied files; ``dest`` is created if needed. Raises :class:`SparkProjectionError`
-    when the session has no local jars to copy.
+    Raises :class:`SparkProjectionError` when it has none, or one that is not a local file.
     """
     listed = spark.sparkContext.getConf().get("spark.jars") or ""
-    sources = [_local_path(entry) for entry in listed.split(",") if entry.strip()]
-    if not sources:
+    jars = [_local_path(entry) for entry in listed.split(",") if entry.strip()]
+    if not jars:
         raise SparkProjectionError(
             "This Spark session has no resolved jars (spark.jars is empty), so there is "
             "nothing to export. Create the session in online mode (no delta_jars_dir) first."
         )
+    return jars
+
+
+def export_delta_jars(spark: SparkSession, dest: Path) -> list[Path]:
+    """Copy the jars this session resolved (its ``spark.jars``) into ``dest``.
+
+    Run it with an online-mode session (which resolved the Delta coordinate and its
+    dependencies through Ivy, or took them from the jars cache): ``dest`` then holds exactly
+    the classpath additions that session used, and works as ``delta_jars_dir`` on a machine
+    without network. Returns the copied files; ``dest`` is created if needed. Raises
+    :class:`SparkProjectionError` when the session has no local jars to copy.
+    """
+    sources = session_jars(spark)
     dest.mkdir(parents=True, exist_ok=True)
     copied: list[Path] = []
     for source in sources:
@@ -147,6 +176,123 @@ def export_delta_jars(spark: SparkSession, dest: Path) -> list[Path]:
             shutil.copy2(source, target)
         copied.append(target)
     return copied
+
+
+def jars_cache_folder(cache: Path, delta_version: str) -> Path:
+    """The folder of the jars cache ``cache`` for Delta ``delta_version`` on the installed PySpark:
+    ``<cache>/<delta version>-spark<pyspark version>``."""
+    return cache / f"{delta_version}-spark{pyspark.__version__}"
+
+
+def cached_delta_jars(folder: Path, coordinate: str) -> list[Path] | None:
+    """The jars of the cache folder ``folder`` written by :func:`store_delta_jars` for ``coordinate``, or ``None``.
+
+    Guarantees on a list: the folder's manifest was written for ``coordinate`` and the installed
+    PySpark, every jar it lists is there with the size and SHA-256 it was written with, and they
+    pass :func:`offline_delta_jars`'s checks. ``None`` when there is no such folder, and, with a
+    warning in the log saying why, when it fails any of these checks (a partial or changed copy):
+    the caller then resolves the jars through Maven. Never raises.
+    """
+    if not (folder / CACHE_MANIFEST).is_file():
+        return None
+    try:
+        return _verified(folder, coordinate)
+    except _UnusableCache as exc:
+        logger.warning("The Delta jars cache %s is not usable (%s): resolving the jars through Maven, which "
+                       "rewrites it.", folder, exc)
+        return None
+
+
+class _UnusableCache(Exception):
+    """What is wrong with a jars cache folder."""
+
+
+def _verified(folder: Path, coordinate: str) -> list[Path]:
+    """The jars of the cache folder ``folder``, checked as :func:`cached_delta_jars` says; ``_UnusableCache`` if not."""
+    try:
+        manifest = json.loads((folder / CACHE_MANIFEST).read_text(encoding="utf-8"))
+        written_for = (manifest["coordinate"], manifest["pyspark"])
+        listed = [(str(jar["name"]), int(jar["size"]), str(jar["sha256"])) for jar in manifest["jars"]]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise _UnusableCache(f"its {CACHE_MANIFEST} cannot be read: {exc}") from exc
+    if written_for != (coordinate, pyspark.__version__):
+        raise _UnusableCache(f"written for {written_for[0]} on PySpark {written_for[1]}")
+    jars = []
+    for name, size, sha256 in listed:
+        if Path(name).name != name or not name.endswith(".jar"):
+            raise _UnusableCache(f"its {CACHE_MANIFEST} names {name!r}, not a jar of the folder")
+        jar = folder / name
+        try:
+            found = jar.stat().st_size
+            with open(jar, "rb") as file:
+                changed = found != size or hashlib.file_digest(file, "sha256").hexdigest() != sha256
+        except OSError as exc:
+            raise _UnusableCache(f"{name}: {exc.strerror or exc}") from exc
+        if changed:
+            raise _UnusableCache(f"{name} is not the file that was cached ({found} bytes, cached {size})")
+        jars.append(jar)
+    try:
+        offline_delta_jars(folder)
+    except DeltaJarsUnavailableError as exc:
+        raise _UnusableCache(f"not usable as Delta jars: {exc.problem}") from exc
+    return jars
+
+
+def store_delta_jars(sources: Sequence[Path], folder: Path, coordinate: str) -> list[Path]:
+    """Publish ``sources``, the jars resolved for ``coordinate``, as the jars cache folder ``folder``.
+
+    The jars are copied, with their sizes and SHA-256 in :data:`CACHE_MANIFEST`, into a new folder
+    next to ``folder``, checked as :func:`offline_delta_jars` checks a folder, and renamed into
+    place: a reader sees no folder or a complete one, and processes publishing at the same time
+    leave one complete folder. An existing ``folder`` is kept if it verifies (another process
+    published it) and replaced otherwise. Returns the jars of the published folder. Raises
+    ``OSError`` when the cache cannot be written and :class:`DeltaJarsUnavailableError` when
+    ``sources`` are not usable Delta jars; no temporary folder is left behind either way.
+    """
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=folder.parent))
+    try:
+        listed = []
+        for source in sources:
+            target = staging / source.name
+            shutil.copyfile(source, target)
+            with open(target, "rb") as file:
+                digest = hashlib.file_digest(file, "sha256").hexdigest()
+            listed.append({"name": target.name, "size": target.stat().st_size, "sha256": digest})
+        offline_delta_jars(staging)
+        manifest = {"coordinate": coordinate, "pyspark": pyspark.__version__, "jars": listed}
+        (staging / CACHE_MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+        # mkdtemp's folder is private to us; the cache is as readable as the folder it is in.
+        staging.chmod(folder.parent.stat().st_mode & 0o777)
+        _publish(staging, folder, coordinate)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return [folder / str(jar["name"]) for jar in listed]
+
+
+def _publish(staging: Path, folder: Path, coordinate: str) -> None:
+    """Rename ``staging`` to ``folder``, unless a folder that verifies got there first."""
+    try:
+        os.rename(staging, folder)
+        return
+    except OSError:  # `folder` exists: published by another process meanwhile, or broken
+        pass
+    try:
+        _verified(folder, coordinate)
+        return
+    except _UnusableCache:
+        pass
+    # Renamed aside first because a folder cannot be replaced by a rename while it has files.
+    aside = folder.with_name(f".{folder.name}.{uuid.uuid4().hex}.broken")
+    try:
+        os.rename(folder, aside)
+    except FileNotFoundError:  # another process moved it aside already
+        pass
+    try:
+        os.rename(staging, folder)
+    except OSError:  # another process published its copy in between; it verified as ours did
+        pass
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def _local_path(entry: str) -> Path:

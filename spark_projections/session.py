@@ -1,10 +1,11 @@
 """Create the Spark session batch projections run on, with Delta Lake guaranteed usable.
 
 :func:`spark_session` is the one entry point. It checks Java before a JVM exists, puts
-the Delta jars on the classpath (downloaded via Maven, or from an offline folder), makes
-Python workers use this interpreter, and verifies after start-up that Delta's classes
-really load. Start-up failures surface as typed :mod:`spark_projections.errors` with the
-JVM's own explanation, not as ``JAVA_GATEWAY_EXITED``.
+the Delta jars on the classpath (from an offline folder, jetsourcing's jars cache, or
+resolved through Maven, which fills the cache), makes Python workers use this
+interpreter, and verifies after start-up that Delta's classes really load. Start-up
+failures surface as typed :mod:`spark_projections.errors` with the JVM's own
+explanation, not as ``JAVA_GATEWAY_EXITED``.
 """
 
 from __future__ import annotations
@@ -26,7 +27,15 @@ from pyspark.java_gateway import launch_gateway
 from pyspark.sql import SparkSession
 
 from spark_projections.errors import DeltaNotConfiguredError, SparkProjectionError, SparkStartupError
-from spark_projections.jars import delta_coordinate, diagnose_launch_failure, offline_delta_jars
+from spark_projections.jars import (
+    cached_delta_jars,
+    delta_coordinate,
+    diagnose_launch_failure,
+    jars_cache_folder,
+    offline_delta_jars,
+    session_jars,
+    store_delta_jars,
+)
 from spark_projections.java import check_java
 from spark_projections.settings import SparkSettings
 from spark_projections.source import register
@@ -49,16 +58,51 @@ DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
 """Session catalog implementation that makes ``USING delta`` tables work."""
 
 _LIST_KEYS = {"spark.jars": ",", "spark.jars.packages": ",", "spark.sql.extensions": ","}
+# With any of these in extra_conf, the Delta jars are not all the classpath gains, so jars
+# resolved together with them are not what the cache holds, nor is the cache enough.
+_RESOLUTION_KEYS = ("spark.jars", "spark.jars.packages", "spark.jars.excludes")
 
 
 def build_conf(settings: SparkSettings) -> dict[str, str]:
-    """The complete Spark configuration :func:`spark_session` starts with.
+    """The complete Spark configuration :func:`spark_session` starts a JVM with.
 
-    Pure apart from validating the offline jars folder (which raises
-    :class:`~spark_projections.errors.DeltaJarsUnavailableError` when unusable), so it can
-    be inspected without a JVM. User ``extra_conf`` overrides everything, except that list
-    valued keys (jars, packages, extensions) are merged with ours rather than replaced.
+    Starts nothing, so it can be inspected without a JVM; it reads the jars: an offline jars
+    folder (``delta_jars_dir``) is validated, raising
+    :class:`~spark_projections.errors.DeltaJarsUnavailableError` when unusable; otherwise
+    ``spark.jars`` lists the jars cache's folder for this Delta and Spark when it verifies
+    (:func:`~spark_projections.jars.cached_delta_jars`), and ``spark.jars.packages`` names the
+    Delta coordinate for Ivy to resolve when it does not. User ``extra_conf`` overrides
+    everything, except that list valued keys (jars, packages, extensions) are merged with ours
+    rather than replaced; with jars or packages of its own the cache is not used.
     """
+    return _conf(settings, _jars_conf(settings))
+
+
+def _jars_conf(settings: SparkSettings) -> dict[str, str]:
+    """Where the Delta jars of a new JVM come from, as Spark configuration."""
+    if settings.delta_jars_dir is not None:
+        return {"spark.jars": _uris(offline_delta_jars(settings.delta_jars_dir))}
+    coordinate = delta_coordinate(settings.delta_version)
+    cache = _cache_folder(settings)
+    cached = None if cache is None else cached_delta_jars(cache, coordinate)
+    if cached is not None:
+        return {"spark.jars": _uris(cached)}
+    return {"spark.jars.packages": coordinate}
+
+
+def _cache_folder(settings: SparkSettings) -> Path | None:
+    """The jars cache folder these settings use, if any."""
+    if settings.delta_jars_cache is None or any(key in settings.extra_conf for key in _RESOLUTION_KEYS):
+        return None
+    return jars_cache_folder(settings.delta_jars_cache, settings.delta_version)
+
+
+def _uris(jars: list[Path]) -> str:
+    return ",".join(jar.resolve().as_uri() for jar in jars)
+
+
+def _conf(settings: SparkSettings, jars: dict[str, str]) -> dict[str, str]:
+    """The session's configuration with ``jars``, then ``extra_conf`` applied."""
     conf: dict[str, str] = {
         "spark.master": settings.master,
         "spark.app.name": settings.app_name,
@@ -83,11 +127,7 @@ def build_conf(settings: SparkSettings) -> dict[str, str]:
         conf["spark.databricks.delta.snapshotPartitions"] = str(settings.shuffle_partitions)
     if settings.driver_memory is not None:
         conf["spark.driver.memory"] = settings.driver_memory
-    if settings.delta_jars_dir is not None:
-        jars = offline_delta_jars(settings.delta_jars_dir)
-        conf["spark.jars"] = ",".join(jar.resolve().as_uri() for jar in jars)
-    else:
-        conf["spark.jars.packages"] = delta_coordinate(settings.delta_version)
+    conf.update(jars)
     for key, value in settings.extra_conf.items():
         separator = _LIST_KEYS.get(key)
         if separator is not None and key in conf:
@@ -114,29 +154,52 @@ def spark_session(settings: SparkSettings | None = None) -> SparkSession:
     :class:`~spark_projections.errors.DeltaNotConfiguredError` when the session came up
     without a working Delta.
 
+    A JVM this call starts takes the Delta jars from ``delta_jars_dir`` if set, else from the
+    jars cache (``delta_jars_cache``) when its folder for this Delta and Spark verifies, else
+    through Maven, after which the resolved jars are stored in the cache for the next start
+    (best effort: a cache that cannot be written is a warning in the log, never an error).
+
     Spark keeps one JVM per Python process: if one is already running (even after
-    ``spark.stop()``), jars and static settings of the first start stay in force.
+    ``spark.stop()``), jars and static settings of the first start stay in force, and the
+    jars settings are not looked at.
     """
     settings = SparkSettings() if settings is None else settings
-    conf = build_conf(settings)
     if SparkContext._gateway is None:
+        conf = build_conf(settings)
         check_java()
         # Some Python workers (the data source planner's) are started by the JVM from
         # PYSPARK_PYTHON as it was at launch; without it they run python3 from PATH.
         os.environ.setdefault("PYSPARK_PYTHON", conf["spark.pyspark.python"])
         spark = _start_jvm_and_session(conf, coordinate=conf.get("spark.jars.packages"), log=settings.startup_log)
+        resolved_by_maven = "spark.jars.packages" in conf
     else:
         # A JVM already runs in this process: nothing to launch, the builder reuses it
         # (and any active SparkContext). ensure_delta() below catches a Delta-less one.
+        conf = _conf(settings, {})
         builder = SparkSession.builder
         for key, value in conf.items():
             builder = builder.config(key, value)
         spark = builder.getOrCreate()
+        resolved_by_maven = False
     spark.sparkContext.setLogLevel(settings.log_level)
     _use_python_workers(spark, conf["spark.pyspark.python"])
     ensure_delta(spark)
     register(spark)
+    cache = _cache_folder(settings)
+    if resolved_by_maven and cache is not None:
+        _fill_cache(spark, cache, conf["spark.jars.packages"])
     return spark
+
+
+def _fill_cache(spark: SparkSession, folder: Path, coordinate: str) -> None:
+    """Keep the jars Maven resolved for ``spark`` in the cache ``folder``, or say in the log why not."""
+    try:
+        store_delta_jars(session_jars(spark), folder, coordinate)
+    except (OSError, SparkProjectionError) as exc:
+        logger.warning(
+            "The Delta jars could not be stored in the cache %s (%s), so the next start resolves them through "
+            "Maven again. Set JETSOURCING_SPARK_DELTA_JARS_CACHE to a folder you can write.", folder, exc
+        )
 
 
 def _use_python_workers(spark: SparkSession, python: str) -> None:

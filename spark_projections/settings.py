@@ -11,13 +11,19 @@ or another master without code changes::
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, PositiveInt
+from pydantic import Field, PositiveInt, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["DELTA_MAVEN_VERSION", "TEST_PROFILE_CONF", "SparkSettings"]
+__all__ = [
+    "DELTA_MAVEN_VERSION",
+    "TEST_PROFILE_CONF",
+    "SparkSettings",
+    "default_delta_jars_cache",
+]
 
 DELTA_MAVEN_VERSION = "4.4.0"
 """Version of ``io.delta:delta-spark_<spark>_2.13`` put on the classpath by default.
@@ -44,6 +50,15 @@ TEST_PROFILE_CONF: dict[str, str] = {
 """Extra Spark configuration of :meth:`SparkSettings.test_profile`."""
 
 
+def default_delta_jars_cache() -> Path | None:
+    """Where :attr:`SparkSettings.delta_jars_cache` is by default: ``$XDG_CACHE_HOME/jetsourcing/delta-jars``,
+    or ``~/.cache/jetsourcing/delta-jars`` when ``XDG_CACHE_HOME`` is unset or relative (the XDG specification
+    ignores relative values). ``None`` (no cache) when the user has no home directory."""
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    base = Path(xdg) if os.path.isabs(xdg) else Path(os.path.expanduser("~")) / ".cache"
+    return base / "jetsourcing" / "delta-jars" if base.is_absolute() else None
+
+
 class SparkSettings(BaseSettings):
     """How to build the projection Spark session (see :func:`spark_projections.session.spark_session`).
 
@@ -68,6 +83,12 @@ class SparkSettings(BaseSettings):
     delta_jars_dir: Path | None = None
     """Offline mode: folder of jars (see ``jetsourcing spark fetch-delta-jars``); no download."""
 
+    delta_jars_cache: Path | None = Field(default_factory=default_delta_jars_cache)
+    """Where the Delta jars Maven resolved are kept, one folder per Delta and Spark version, so that later
+    sessions start from them without Ivy (see :func:`spark_projections.jars.cached_delta_jars`). Default:
+    :func:`default_delta_jars_cache`. Unused when :attr:`delta_jars_dir` is set; ``None`` (an empty
+    ``JETSOURCING_SPARK_DELTA_JARS_CACHE``): no cache, Ivy resolves the jars at every start."""
+
     driver_memory: str | None = None
     """``spark.driver.memory`` (e.g. ``"4g"``); only effective when this call starts the JVM."""
 
@@ -85,6 +106,12 @@ class SparkSettings(BaseSettings):
     extra_conf: dict[str, str] = Field(default_factory=dict)
     """Any further Spark configuration; applied last, so it overrides the values above
     (``spark.jars``, ``spark.jars.packages`` and ``spark.sql.extensions`` are merged instead)."""
+
+    @field_validator("delta_jars_cache", mode="before")
+    @classmethod
+    def _empty_is_no_cache(cls, value: object) -> object:
+        # An empty variable would otherwise be Path(""), the current directory.
+        return None if value == "" else value
 
     @classmethod
     def test_profile(cls, **overrides: Any) -> SparkSettings:

@@ -124,7 +124,9 @@ out = {{}}
 for name, xml in {json.dumps(settings_files)}.items():
     conf = {{"spark.jars.ivySettings": xml, "spark.jars.ivy": {json.dumps(str(tmp_path / "ivy"))}}}
     try:
-        spark_session(SparkSettings.test_profile(delta_jars_dir=None, extra_conf=conf))
+        spark_session(SparkSettings.test_profile(
+            delta_jars_dir=None, delta_jars_cache={json.dumps(str(tmp_path / "cache"))}, extra_conf=conf
+        ))
         out[name] = "started"
     except DeltaJarsUnavailableError as e:
         out[name] = [e.problem, str(e), SparkContext._gateway is None]
@@ -187,11 +189,12 @@ def test_export_jars_then_run_offline(
     assert (tmp_path / "logs" / "startup.log").is_file()  # the JVM's start-up output went there
 
 
-def test_cli_reports_errors_without_a_traceback(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    monkeypatch.setenv("JETSOURCING_SPARK_DELTA_JARS_DIR", str(tmp_path / "missing"))
-    assert main(["check"]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("jetsourcing: The offline Delta jars folder")
-    assert "Traceback" not in err
+def test_cli_reports_errors_without_a_traceback(tmp_path: Path, run_python: Any) -> None:
+    # A fresh interpreter: the jars settings only matter to a call that starts the JVM.
+    result = run_python(
+        "import sys\nfrom spark_projections.cli import main\nsys.exit(main(['check']))\n",
+        env={"JETSOURCING_SPARK_DELTA_JARS_DIR": str(tmp_path / "missing")},
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith("jetsourcing: The offline Delta jars folder"), result.stderr[-3000:]
+    assert "Traceback" not in result.stderr

@@ -13,7 +13,6 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StringType
 
 from eventstore import EventStore, StreamId
-from spark_projections.errors import DeltaJarsUnavailableError
 from spark_projections.jars import delta_coordinate
 from spark_projections.session import (
     DELTA_CATALOG,
@@ -26,8 +25,8 @@ from spark_projections.session import (
 from spark_projections.settings import DELTA_MAVEN_VERSION
 
 
-def test_build_conf_online_mode() -> None:
-    conf = build_conf(SparkSettings.test_profile(delta_jars_dir=None))
+def test_build_conf_online_mode(tmp_path: Path) -> None:
+    conf = build_conf(SparkSettings.test_profile(delta_jars_dir=None, delta_jars_cache=tmp_path / "empty-cache"))
     assert conf["spark.master"] == "local[2]"
     assert conf["spark.ui.enabled"] == "false"
     assert conf["spark.sql.shuffle.partitions"] == "2"
@@ -68,13 +67,26 @@ def test_settings_read_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
     assert SparkSettings.test_profile().master == "local[2]"
 
 
-def test_missing_offline_folder_is_a_typed_error_before_spark(tmp_path: Path) -> None:
+def test_missing_offline_folder_is_a_typed_error_before_spark(tmp_path: Path, run_python: Any) -> None:
+    # A fresh interpreter: the jars settings only matter to a call that starts the JVM.
     missing = tmp_path / "no-such-folder"
-    with pytest.raises(DeltaJarsUnavailableError) as caught:
-        spark_session(SparkSettings.test_profile(delta_jars_dir=missing))
-    assert caught.value.problem == "offline_dir_missing"
-    assert str(missing) in str(caught.value)
-    assert "fetch-delta-jars" in str(caught.value)
+    result = run_python(
+        "from pyspark import SparkContext\n"
+        "from spark_projections.session import spark_session, SparkSettings\n"
+        "from spark_projections.errors import DeltaJarsUnavailableError\n"
+        "try:\n"
+        f"    spark_session(SparkSettings.test_profile(delta_jars_dir={str(missing)!r}))\n"
+        "except DeltaJarsUnavailableError as e:\n"
+        "    print(e.problem, SparkContext._gateway is None, e)\n",
+    )
+    assert result.stdout.startswith("offline_dir_missing True "), result.stdout + result.stderr[-3000:]
+    assert str(missing) in result.stdout and "fetch-delta-jars" in result.stdout
+
+
+def test_a_running_jvm_ignores_the_jars_settings(spark: SparkSession, tmp_path: Path) -> None:
+    # Its classpath is fixed: nothing to validate or resolve, whatever the settings say.
+    again = spark_session(SparkSettings.test_profile(delta_jars_dir=tmp_path / "no-such-folder"))
+    assert again.sparkContext is spark.sparkContext
 
 
 def test_session_has_delta_and_test_profile(spark: SparkSession) -> None:
