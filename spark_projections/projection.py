@@ -498,13 +498,19 @@ def _handle_failures(
     :class:`HandlerFailedError` for the earliest; under ``dead_letter`` write them to the dead-letter table, in
     place of its rows (``replace``, a rebuild) or added to them, recorded at ``high`` as every table is."""
     failures = handler_failures(folded)
-    earliest = failures.orderBy("position", "index").limit(1).collect()
-    if earliest and policy is ErrorPolicy.STOP:
-        raise HandlerFailedError(projection.name, earliest[0].asDict(), failures.count())
+    # One aggregation, not a sort: the count and the earliest failure in a single small job.
+    summary = failures.agg(
+        F.count(F.lit(1)).alias("failures"),
+        F.min_by(F.struct(*failures.columns), F.struct("position", "index")).alias("earliest"),
+    ).first()
+    assert summary is not None
+    count, earliest = int(summary["failures"]), summary["earliest"]
+    if count and policy is ErrorPolicy.STOP:
+        raise HandlerFailedError(projection.name, earliest.asDict(), count)
     path = root / DEAD_LETTERS_TABLE
-    if replace and (earliest or table_version(folded.sparkSession, path) >= 0):
+    if replace and (count or table_version(folded.sparkSession, path) >= 0):
         full_rebuild(failures, path, app_id=app_id, position=high)
-    elif earliest:
+    elif count:
         incremental_merge(failures, path, keys=("position", "index"), app_id=app_id, position=high)
 
 
