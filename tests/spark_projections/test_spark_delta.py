@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import json
 import threading
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +59,20 @@ def events(spark: SparkSession, after: int = 0, upto: int = 10**9) -> DataFrame:
 def state(spark: SparkSession, after: int = 0, upto: int = 10**9) -> DataFrame:
     """One row per account: its latest state in (after, upto]."""
     return latest_per_key(events(spark, after, upto), ["account"], "seq")
+
+
+@contextmanager
+def spark_jobs(spark: SparkSession) -> Iterator[list[int]]:
+    """The ids of the Spark jobs started inside the block, by this thread or by Delta's threads for it (when it ends)."""
+    group = uuid.uuid4().hex
+    context = spark.sparkContext
+    context.setJobGroup(group, "counted by a test")
+    started: list[int] = []
+    try:
+        yield started
+    finally:
+        context.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type] # null clears it
+        started.extend(context.statusTracker().getJobIdsForGroup(group))
 
 
 def rows(spark: SparkSession, path: Path) -> list[tuple[Any, ...]]:
@@ -209,6 +226,45 @@ def test_recorded_position(spark: SparkSession, tmp_path: Path, monkeypatch: pyt
     monkeypatch.setattr(sp_delta, "_snapshot", broken)
     assert recorded_position(spark, path, "app") == 8
     assert recorded_position(spark, path, "never") is None
+
+
+def test_recorded_position_comes_from_the_checksum_without_a_spark_job(spark: SparkSession, tmp_path: Path) -> None:
+    path = tmp_path / "balances"
+    full_rebuild(state(spark, upto=4), path, app_id="app", position=4)
+    incremental_merge(state(spark, after=4, upto=9), path, keys=["account"], app_id="app", position=9)
+    spark.sparkContext._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()  # type: ignore[union-attr]
+    with spark_jobs(spark) as jobs:
+        assert recorded_position(spark, path, "app") == 9
+        assert recorded_position(spark, path, "other") is None
+    assert jobs == []
+    # Without the checksum files (a writer that leaves none, say), the table's state answers.
+    for checksum in path.glob("_delta_log/0*.crc"):
+        checksum.unlink()
+    spark.sparkContext._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()  # type: ignore[union-attr]
+    assert recorded_position(spark, path, "app") == 9
+
+
+def test_merge_combines_with_the_stored_values_and_rewrites_only_changed_rows(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    path = tmp_path / "totals"
+    schema = "k STRING, v BIGINT, note STRING"
+    full_rebuild(spark.createDataFrame([("a", 1, "x"), ("b", 2, "y"), ("c", 3, "z")], schema), path, app_id="app",
+                 position=1)
+    add = {"v": lambda stored, new: F.coalesce(stored, F.lit(100)) + new}
+    updates = spark.createDataFrame([("a", 10, "x"), ("b", 0, "y"), ("d", 5, "w")], schema)
+    incremental_merge(updates, path, keys=["k"], app_id="app", position=2, combine=add)
+    assert rows(spark, path) == [("a", "x", 11), ("b", "y", 2), ("c", "z", 3), ("d", "w", 105)]
+    merge = table_history(spark, path, limit=1)[0].metrics
+    # b's values stay the same: matched, not rewritten.
+    assert (merge["numSourceRows"], merge["numTargetRowsUpdated"], merge["numTargetRowsInserted"]) == ("3", "1", "1")
+
+    # A table created by a merge holds what merging into an empty one would.
+    created = tmp_path / "created"
+    incremental_merge(updates, created, keys=["k"], app_id="app", position=2, combine=add)
+    assert rows(spark, created) == [("a", "x", 110), ("b", "y", 100), ("d", "w", 105)]
+    with pytest.raises(ValueError, match="cannot be combined"):
+        incremental_merge(updates, path, keys=["k"], app_id="app", position=3, combine={"k": add["v"]})
 
 
 def test_merge_refuses_several_rows_per_key_and_other_columns(spark: SparkSession, tmp_path: Path) -> None:
