@@ -8,8 +8,8 @@ Sub-commands:
   machines without network access (``JETSOURCING_SPARK_DELTA_JARS_DIR=DIR``);
 * ``rebuild module:Projection --root DIR`` / ``update module:Projection --root DIR`` -
   materialise a projection into Delta tables under ``DIR`` (see
-  :mod:`spark_projections.projection`). Spark runs locally by default; any master via
-  ``JETSOURCING_SPARK_MASTER`` (e.g. ``spark://host:7077``).
+  :mod:`spark_projections.projection`). Spark runs locally by default; any master with
+  ``--master`` or ``JETSOURCING_SPARK_MASTER`` (e.g. ``spark://host:7077``).
 
 Exit status 0 on success, 2 with a one-paragraph explanation (no stack trace) when a
 :class:`~spark_projections.errors.SparkProjectionError` occurs.
@@ -26,6 +26,7 @@ from pathlib import Path
 
 from typing import Any
 
+from pydantic import ValidationError
 from pyspark.sql import SparkSession
 
 from eventstore import EventStoreSettings, ImportPathError, import_object
@@ -33,14 +34,16 @@ from projections import Projection
 from spark_projections.errors import SparkProjectionError
 from spark_projections.delta import WriteResult, table_history
 from spark_projections.projection import AnyProjection, DataFrameProjection, last_position, rebuild, update
+from spark_projections.settings import SparkSettings, check_master
 
-__all__ = ["add_commands", "load", "main", "run_command"]
+__all__ = ["add_commands", "add_common_options", "load", "main", "run_command", "spark_settings"]
 
 
 def main(argv: Sequence[str] | None = None, *, spark: SparkSession | None = None) -> int:
     """Run the CLI with ``argv`` (default: ``sys.argv[1:]``) and return the exit status.
 
-    ``spark``: a session to use instead of one from ``JETSOURCING_SPARK_*`` settings (tests, notebooks).
+    ``spark``: a session to use as it is instead of starting one (tests, notebooks); ``--master`` and
+    ``--shuffle-partitions`` only apply to a session the command starts.
     """
     parser = argparse.ArgumentParser(
         prog="jetsourcing spark", description="Operate the Spark side of jetsourcing.",
@@ -93,20 +96,73 @@ def add_commands(commands: Any) -> None:
             name, help=help_text,
             epilog=f"example: jetsourcing spark {name} myapp.views:AccountBalances --root /lake/accounts --partitions 4",
         )
-        command.add_argument("projection", metavar="module:Projection")
-        command.add_argument("--root", required=True, help="folder of the Delta tables (<root>/<table>)")
-        command.add_argument("--nats-url", help="NATS server URL(s) (NATS_URL)")
-        command.add_argument("--stream", help="JetStream stream of the events (JETSOURCING_STREAM)")
-        command.add_argument("--subject-prefix", help="subject prefix of the events (JETSOURCING_SUBJECT_PREFIX)")
-        command.add_argument("--partitions", type=int, help="parallel stream reads (default: Spark's parallelism)")
+        add_common_options(command)
         command.add_argument("--to-position", type=int, help="last stream position to include (default: the last)")
+
+
+def add_common_options(command: argparse.ArgumentParser) -> None:
+    """Add what every command that runs a projection in Spark takes: the projection, ``--root``, where the events
+    are (``--nats-url``, ``--stream``, ``--subject-prefix``), ``--partitions``, and the Spark session's
+    ``--master`` and ``--shuffle-partitions`` (:func:`spark_settings`). Invalid values are refused by argparse:
+    a one-line error and exit status 2."""
+    command.add_argument("projection", metavar="module:Projection")
+    command.add_argument("--root", required=True, help="folder of the Delta tables (<root>/<table>)")
+    command.add_argument("--nats-url", help="NATS server URL(s) (NATS_URL)")
+    command.add_argument("--stream", help="JetStream stream of the events (JETSOURCING_STREAM)")
+    command.add_argument("--subject-prefix", help="subject prefix of the events (JETSOURCING_SUBJECT_PREFIX)")
+    command.add_argument("--partitions", type=int, help="parallel stream reads (default: Spark's parallelism)")
+    defaults = SparkSettings.model_fields
+    command.add_argument("--master", type=_master,
+                         help="Spark master, e.g. local[2] or spark://host:7077 (JETSOURCING_SPARK_MASTER; "
+                         f"default {defaults['master'].default})")
+    command.add_argument("--shuffle-partitions", type=_at_least_one, metavar="N",
+                         help="Spark's shuffle partitions, at least 1 (JETSOURCING_SPARK_SHUFFLE_PARTITIONS; "
+                         f"default {defaults['shuffle_partitions'].default})")
+
+
+def _master(text: str) -> str:
+    try:
+        return check_master(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _at_least_one(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return value
+
+
+def spark_settings(args: argparse.Namespace) -> SparkSettings:
+    """``SparkSettings`` from ``JETSOURCING_SPARK_*``, with the ``--master`` and ``--shuffle-partitions`` of
+    ``args`` (:func:`add_common_options`) winning over them. Raises :class:`SparkProjectionError` naming the
+    variable whose value is invalid."""
+    overrides = {k: v for k, v in (("master", args.master), ("shuffle_partitions", args.shuffle_partitions))
+                 if v is not None}
+    return _from_environment(**overrides)
+
+
+def _from_environment(**overrides: Any) -> SparkSettings:
+    try:
+        return SparkSettings(**overrides)
+    except ValidationError as exc:  # argparse checked the overrides: the environment is wrong
+        first = exc.errors()[0]
+        field = str(first["loc"][0]) if first["loc"] else "?"
+        reason = first.get("ctx", {}).get("error", first["msg"])
+        raise SparkProjectionError(
+            f"JETSOURCING_SPARK_{field.upper()}={first['input']!r} is not valid: {reason}"
+        ) from exc
 
 
 def run_command(args: argparse.Namespace, spark: SparkSession | None = None) -> int:
     """Run a parsed ``rebuild`` / ``update`` command: a line per stage as it starts (with the seconds since the
     command began), then the result and, per table, its Delta version and the rows the commit wrote.
 
-    Uses ``spark``, or a session from ``JETSOURCING_SPARK_*`` settings; the event store
+    Uses ``spark`` as it is, or starts a session from :func:`spark_settings`; the event store
     settings come from the arguments, then ``NATS_URL`` / ``JETSOURCING_*``.
     """
     from spark_projections.session import spark_session
@@ -121,9 +177,12 @@ def run_command(args: argparse.Namespace, spark: SparkSession | None = None) -> 
                                    ("subject_prefix", args.subject_prefix)) if v}
     settings = EventStoreSettings(**overrides)
     if spark is None:
+        wanted = spark_settings(args)  # a bad JETSOURCING_SPARK_* fails before anything else
         stage(f"the stream's last position: {last_position(settings):,}")  # a bad server fails before Spark starts
         stage("starting Spark with Delta Lake (its start-up output goes to a log file)")
-    spark = spark or spark_session()
+        spark = spark_session(wanted)
+        stage(f"Spark {spark.version} started: master {spark.sparkContext.master}, "
+              f"{spark.conf.get('spark.sql.shuffle.partitions')} shuffle partitions")
     run = (rebuild if args.command == "rebuild" else update)(
         spark, projection, settings, args.root, partitions=args.partitions, to_position=args.to_position,
         progress=stage,
@@ -156,9 +215,9 @@ def _check() -> int:
     from spark_projections.delta import full_rebuild
     from spark_projections.jars import delta_coordinate, session_jars
     from spark_projections.java import check_java
-    from spark_projections.session import SparkSettings, spark_session
+    from spark_projections.session import spark_session
 
-    settings = SparkSettings()
+    settings = _from_environment()
     java = check_java()
     started = time.monotonic()
     spark = spark_session(settings)
@@ -190,9 +249,9 @@ def _check() -> int:
 
 def _fetch(dest: Path, delta_version: str | None) -> int:
     from spark_projections.jars import export_delta_jars, offline_delta_jars
-    from spark_projections.session import SparkSettings, spark_session
+    from spark_projections.session import spark_session
 
-    settings = SparkSettings()
+    settings = _from_environment()
     # Never from an offline folder, whatever the environment says: from the jars cache or Maven.
     update: dict[str, object] = {"delta_jars_dir": None}
     if delta_version:

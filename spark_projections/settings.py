@@ -12,6 +12,7 @@ or another master without code changes::
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -22,6 +23,7 @@ __all__ = [
     "DELTA_MAVEN_VERSION",
     "TEST_PROFILE_CONF",
     "SparkSettings",
+    "check_master",
     "default_delta_jars_cache",
 ]
 
@@ -49,6 +51,29 @@ TEST_PROFILE_CONF: dict[str, str] = {
 }
 """Extra Spark configuration of :meth:`SparkSettings.test_profile`."""
 
+# The masters spark-submit and SparkContext accept (SparkMasterRegex, SparkSubmit's cluster
+# managers); thread, core and memory counts of 0 pass their regexes but fail at start-up.
+_MASTER_RE = re.compile(
+    r"local"
+    r"|local\[(\*|[1-9]\d*)(\s*,\s*[1-9]\d*)?\]"
+    r"|local-cluster\[\s*[1-9]\d*\s*,\s*[1-9]\d*\s*,\s*[1-9]\d*\s*\]"
+    r"|spark://[^\s,/]+:\d+(,[^\s,/]+:\d+)*"
+    r"|yarn"
+    r"|k8s://\S+"
+)
+
+
+def check_master(master: str) -> str:
+    """``master`` unchanged if Spark accepts it as a master URL; otherwise ``ValueError`` saying which forms it
+    accepts, so a typo fails before a JVM starts rather than in it."""
+    if _MASTER_RE.fullmatch(master) is None:
+        raise ValueError(
+            f"{master!r} is not a Spark master. Spark takes local, local[N] or local[*] (N threads, at least 1), "
+            "local[N,F] (F attempts per task), local-cluster[N,C,M], spark://HOST:PORT (or spark://H1:P1,H2:P2), "
+            "yarn or k8s://URL."
+        )
+    return master
+
 
 def default_delta_jars_cache() -> Path | None:
     """Where :attr:`SparkSettings.delta_jars_cache` is by default: ``$XDG_CACHE_HOME/jetsourcing/delta-jars``,
@@ -69,7 +94,7 @@ class SparkSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="JETSOURCING_SPARK_", frozen=True, extra="forbid")
 
     master: str = "local[*]"
-    """Spark master URL."""
+    """Spark master URL; checked with :func:`check_master`."""
 
     app_name: str = "jetsourcing"
     """Spark application name (shown in logs and the UI)."""
@@ -106,6 +131,11 @@ class SparkSettings(BaseSettings):
     extra_conf: dict[str, str] = Field(default_factory=dict)
     """Any further Spark configuration; applied last, so it overrides the values above
     (``spark.jars``, ``spark.jars.packages`` and ``spark.sql.extensions`` are merged instead)."""
+
+    @field_validator("master")
+    @classmethod
+    def _known_master(cls, master: str) -> str:
+        return check_master(master)
 
     @field_validator("delta_jars_cache", mode="before")
     @classmethod
