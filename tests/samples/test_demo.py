@@ -44,6 +44,8 @@ def test_the_demo_runs_end_to_end(tmp_path: Path) -> None:
         "DataFrame projection daily_totals equals the SQLite daily rows summed per day (after the incremental update)",
         "account_balances: merge, positions",
         "an update with nothing new changes nothing",
+        "account_balances: followed to position",
+        "Delta table balances equals the SQLite read model account_balances (after following the stream)",
         "checks passed",
     ):
         assert line in output, f"missing {line!r} in:\n{output}"
