@@ -17,9 +17,17 @@ For N events (default 1,000,000; single-event commits on 10,000 accounts), in on
   per event: the nats-server, the Spark JVM and the Python workers (the reader), from
   ``/proc``. All of them share the machine's cores, so the p2 rate is bounded by
   ``cores / (server + jvm + python)``; ``reader_budget_us`` is the Python CPU per event the
-  0.5 target leaves once the measured server and JVM costs are paid.
+  0.5 target leaves once the measured server and JVM costs are paid;
+* ``update_1pct_over_rebuild``: an :func:`~spark_projections.projection.update` that
+  brings a fold projection (the same balances, written by the daemon's handlers, folded per
+  account) over 1% new events, against a full rebuild of it, the median of the rounds' ratios
+  (each round rebuilds, then updates what it rebuilt); ``update_1pct_over_rebuild_dataframe``
+  the same for the DataFrame projection (its p2 rebuild, then an update that combines the new
+  rows into the stored ones); ``update_1pct_s`` their median seconds. The new events come
+  after the N of the other figures (which read positions 1 to N only) and touch every account
+  once, so an update rewrites every row of the 10,000.
 
-Each figure is the best of ``--rounds`` runs (default 3) after one warm-up run; the rounds
+Each rate is the best of ``--rounds`` runs (default 3) after one warm-up run; the rounds
 take turns over the figures, so the JVM's warm-up and the shared machine's busy spells
 favour none of them.
 Own embedded nats-server and Spark session (``local[2]``); progress on stderr; the last
@@ -35,6 +43,7 @@ import asyncio
 import json
 import os
 import re
+import statistics
 import sys
 import tempfile
 import time
@@ -52,11 +61,12 @@ from pyspark.sql import functions as F  # noqa: E402
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition  # noqa: E402
 from pyspark.sql.types import StructType  # noqa: E402
 
-from eventstore import EmbeddedServer, EventStore, EventStoreSettings, encode_commit  # noqa: E402
+from eventstore import EmbeddedServer, EventStore, EventStoreSettings, RecordedEvent, encode_commit  # noqa: E402
 from eventstore.jetstream import Commits  # noqa: E402
 from eventstore.connection import connect  # noqa: E402
+from projections import Projection, Table, Transaction, handles  # noqa: E402
 from spark_projections.delta import full_rebuild  # noqa: E402
-from spark_projections.projection import DataFrameProjection, rebuild  # noqa: E402
+from spark_projections.projection import GROUP_COLUMN, Combine, DataFrameProjection, rebuild, update  # noqa: E402
 from spark_projections.session import SparkSettings, spark_session  # noqa: E402
 from spark_projections import _batches, _options, _range_reader, source  # noqa: E402
 from spark_projections.source import JetStreamDataSource, read_events  # noqa: E402
@@ -69,12 +79,14 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-async def fill(url: str, settings: EventStoreSettings, total: int) -> float:
+async def fill(url: str, settings: EventStoreSettings, total: int, start: int = 0) -> float:
     """``total`` single-event commits in the event store's wire format, pipelined; returns events/s.
 
-    Raw publishes with a reply inbox (the stream's acknowledgements are counted, at most
-    ``window`` outstanding): the same bytes ``EventStore.append`` writes, without its
-    per-append version checks, so filling takes seconds rather than minutes.
+    Event ``n`` (from ``start``) goes to account ``n % ACCOUNTS``, so a second call goes on
+    where the first stopped. Raw publishes with a reply inbox (the stream's acknowledgements
+    are counted, at most ``window`` outstanding): the same bytes ``EventStore.append``
+    writes, without its per-append version checks, so filling takes seconds rather than
+    minutes.
     """
     store = await EventStore.connect(settings)  # creates the stream with the event store's config
     await store.close()
@@ -95,12 +107,10 @@ async def fill(url: str, settings: EventStoreSettings, total: int) -> float:
             room.set()
 
     await nc.subscribe(f"{inbox}.*", cb=on_ack, pending_msgs_limit=-1, pending_bytes_limit=-1)
-    versions = [0] * ACCOUNTS
     started = time.perf_counter()
-    for n in range(total):
+    for n in range(start, start + total):
         account = n % ACCOUNTS
-        versions[account] += 1
-        version = versions[account]
+        version = n // ACCOUNTS + 1
         if version == 1:
             kind, payload = "AccountOpened", f'{{"owner":"owner-{n % 97}"}}'
         elif n % 3 == 0:
@@ -113,12 +123,12 @@ async def fill(url: str, settings: EventStoreSettings, total: int) -> float:
         )
         await nc.publish(f"{settings.subject_prefix}.Account.acc-{account:05d}", body, reply=f"{inbox}.a",
                          headers=headers)
-        while n + 1 - acked > window:
+        while n + 1 - start - acked > window:
             room.clear()
             await nc.flush()
             await asyncio.wait_for(room.wait(), 30)
-        if n % 100_000 == 99_999:
-            log(f"fill: {n + 1:,} events")
+        if (n - start) % 100_000 == 99_999:
+            log(f"fill: {n - start + 1:,} events")
     while acked < total:
         await asyncio.sleep(0.01)
     elapsed = time.perf_counter() - started
@@ -142,6 +152,36 @@ def balances(events: DataFrame) -> DataFrame:
             F.max("position").alias("last_position"),
         )
     )
+
+
+COMBINE: dict[str, Combine] = {"balance": "sum", "movements": "sum", "owner": "first", "last_position": "max"}
+"""How an update merges new ``balances`` rows into the stored ones."""
+
+
+class FoldBalances(Projection):
+    """The rows of ``balances``, written by the daemon's handlers (folded per account in Spark)."""
+
+    name = "fold_balances"
+    categories = ("Account",)
+    tables = (Table("balances", key="account_id", columns={
+        "account_id": str, "balance": int, "movements": int, "owner": str, "last_position": int}),)
+
+    @handles("AccountOpened")
+    def opened(self, event: RecordedEvent, tx: Transaction) -> None:
+        tx.upsert("balances", event.stream_id.entity_id, {
+            "balance": 0, "movements": 0, "owner": json.loads(event.payload)["owner"], "last_position": event.position,
+        })
+
+    @handles("Deposited", "Withdrawn")
+    def moved(self, event: RecordedEvent, tx: Transaction) -> None:
+        row = tx.get("balances", event.stream_id.entity_id)
+        if row is None:
+            return
+        amount = json.loads(event.payload)["amount"]
+        row["balance"] += amount if event.type == "Deposited" else -amount
+        row["movements"] += 1
+        row["last_position"] = event.position
+        tx.upsert("balances", event.stream_id.entity_id, row)
 
 
 class RowsDataSource(JetStreamDataSource):
@@ -273,24 +313,24 @@ class CpuMeter:
 
 
 class Run:
-    """The best of several timed runs, with the CPU breakdown of that run."""
+    """Every timed run of one figure (seconds, in round order), and the rate and CPU breakdown of the best."""
 
-    def __init__(self, rate: float, cpu_us: dict[str, float]) -> None:
-        self.rate = rate
-        self.cpu_us = cpu_us
+    def __init__(self) -> None:
+        self.seconds: list[float] = []
+        self.rate = 0.0
+        self.cpu_us: dict[str, float] = {}
 
 
-def best_of_interleaved(
-    rounds: int, figures: list[tuple[str, str, Callable[[int], None]]], events: int, meter: CpuMeter
-) -> dict[str, Run]:
-    """The best of ``rounds`` timed runs of every figure, taken in turns (round 1 of each, then round 2, ...).
+def interleaved(rounds: int, figures: list[tuple[str, str, Callable[[int], None], int]], meter: CpuMeter) -> dict[str, Run]:
+    """``rounds`` timed runs of every figure (key, label, run, events it handles), taken in turns.
 
-    Taking turns gives every figure the same share of the JVM's warm-up and of the
-    machine's quiet and busy spells, which measuring one figure after the other does not.
+    Taking turns (round 1 of each, then round 2, ...) gives every figure the same share of
+    the JVM's warm-up and of the machine's quiet and busy spells, which measuring one figure
+    after the other does not.
     """
-    best: dict[str, Run] = {}
+    runs: dict[str, Run] = {key: Run() for key, _, _, _ in figures}
     for i in range(rounds):
-        for key, label, run in figures:
+        for key, label, run, events in figures:
             before = meter.sample()
             started = time.perf_counter()
             run(i)
@@ -298,21 +338,32 @@ def best_of_interleaved(
             after = meter.sample()
             cpu_us = {k: round(1e6 * (after[k] - before[k]) / events, 2) for k in after}
             log(f"round {i + 1}, {label}: {elapsed:.2f}s = {events / elapsed:,.0f} events/s; CPU us/event {cpu_us}")
-            if key not in best or events / elapsed > best[key].rate:
-                best[key] = Run(events / elapsed, cpu_us)
-    return best
+            figure = runs[key]
+            figure.seconds.append(elapsed)
+            if events / elapsed > figure.rate:
+                figure.rate, figure.cpu_us = events / elapsed, cpu_us
+    return runs
+
+
+def median_ratio(numerator: Run, denominator: Run) -> float:
+    """The median over the rounds of one figure's time over another's in the same round."""
+    return round(statistics.median(a / b for a, b in zip(numerator.seconds, denominator.seconds)), 3)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--events", type=int, default=1_000_000)
-    parser.add_argument("--rounds", type=int, default=3, help="measured runs per figure, taken in turns (the best counts)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="measured runs per figure, taken in turns (the best rate, the median update ratio)")
     args = parser.parse_args()
     total = args.events
+    new = max(total // 100, 1)
+    last = total + new
     with tempfile.TemporaryDirectory(prefix="bench-spark-") as tmp, EmbeddedServer(Path(tmp) / "nats") as server:
         settings = EventStoreSettings(nats_url=server.url, stream="BENCH", subject_prefix="bench")
         fill_eps = asyncio.run(fill(server.url, settings, total))
         log(f"fill: {total:,} events at {fill_eps:,.0f} events/s")
+        asyncio.run(fill(server.url, settings, new, start=total))  # what the updates read
 
         started = time.perf_counter()
         spark = spark_session(SparkSettings(
@@ -322,8 +373,10 @@ def main() -> None:
         log(f"spark session: {time.perf_counter() - started:.1f}s")
         # The projection names the event columns it reads, so the source builds only those
         # (Spark prunes Parquet columns by itself, but cannot tell a Python source).
+        columns = ("position", "type", "entity_id", "payload")
         projection = DataFrameProjection(name="balances", build=balances, keys=("account_id",),
-                                         categories=("Account",), columns=("position", "type", "entity_id", "payload"))
+                                         categories=("Account",), columns=columns, combine=COMBINE)
+        fold = FoldBalances()
         root = Path(tmp) / "delta"
 
         # The Parquet copy, written from JetStream (this also warms up the Python workers).
@@ -337,10 +390,23 @@ def main() -> None:
 
         def from_jetstream(partitions: int) -> Callable[[int], None]:
             def run(i: int) -> None:
-                result = rebuild(spark, projection, settings, root / f"js-p{partitions}-{i}", partitions=partitions)
+                result = rebuild(spark, projection, settings, root / f"js-p{partitions}-{i}", partitions=partitions,
+                                 to_position=total)
                 assert result.position == total and result.tables["balances"].applied
 
             return run
+
+        def dataframe_update(i: int) -> None:  # the p2 rebuild of the same round, brought to `last`
+            result = update(spark, projection, settings, root / f"js-p2-{i}", to_position=last)
+            assert result.mode == "merge" and result.tables["balances"].applied
+
+        def fold_rebuild(i: int) -> None:
+            result = rebuild(spark, fold, settings, root / f"fold-{i}", to_position=total)
+            assert result.position == total and result.tables["balances"].applied
+
+        def fold_update(i: int) -> None:  # the fold rebuild of the same round, brought to `last`
+            result = update(spark, fold, settings, root / f"fold-{i}", to_position=last)
+            assert (result.mode, result.events) == ("merge", new)
 
         def read_only(partitions: int) -> Callable[[int], None]:
             def run(i: int) -> None:
@@ -358,7 +424,10 @@ def main() -> None:
         # Warm-up: JIT, Python workers, Delta classes.
         from_parquet(99)
         from_jetstream(2)(99)
+        dataframe_update(99)
         from_arrow_source(99)
+        fold_rebuild(99)
+        fold_update(99)
         jvm = spark.sparkContext._gateway.proc.pid  # type: ignore[union-attr] # spark-submit execs the JVM
         assert server.pid is not None
         meter = CpuMeter(server.pid, jvm)
@@ -369,17 +438,20 @@ def main() -> None:
              .option("subject_prefix", "bench").option("to_position", total).option("partitions", 2).load()
              .write.format("noop").mode("overwrite").save())
 
-        runs = best_of_interleaved(args.rounds, [
-            ("parquet_to_delta_eps", "parquet -> delta", from_parquet),
-            ("jetstream_to_delta_eps_p1", "jetstream p1 -> delta", from_jetstream(1)),
-            ("jetstream_to_delta_eps_p2", "jetstream p2 -> delta", from_jetstream(2)),
-            ("arrow_source_to_delta_eps", "python arrow source -> delta", from_arrow_source),
-            ("jetstream_read_eps_p1", "jetstream p1 read", read_only(1)),
-            ("jetstream_read_eps_p2", "jetstream p2 read", read_only(2)),
-            ("jetstream_read_eps_p2_rows", "jetstream p2 read, row tuples", read_rows_only),
-        ], total, meter)
+        runs = interleaved(args.rounds, [
+            ("parquet_to_delta_eps", "parquet -> delta", from_parquet, total),
+            ("jetstream_to_delta_eps_p1", "jetstream p1 -> delta", from_jetstream(1), total),
+            ("jetstream_to_delta_eps_p2", "jetstream p2 -> delta", from_jetstream(2), total),
+            ("dataframe_update", f"update of {new:,} new events, dataframe projection", dataframe_update, new),
+            ("arrow_source_to_delta_eps", "python arrow source -> delta", from_arrow_source, total),
+            ("jetstream_read_eps_p1", "jetstream p1 read", read_only(1), total),
+            ("jetstream_read_eps_p2", "jetstream p2 read", read_only(2), total),
+            ("jetstream_read_eps_p2_rows", "jetstream p2 read, row tuples", read_rows_only, total),
+            ("fold_rebuild_eps", "fold projection rebuild", fold_rebuild, total),
+            ("fold_update", f"update of {new:,} new events, fold projection", fold_update, new),
+        ], meter)
         result: dict[str, object] = {"bench": "spark", "events": total, "fill_eps": round(fill_eps)}
-        result.update({key: round(run.rate) for key, run in runs.items()})
+        result.update({key: round(run.rate) for key, run in runs.items() if not key.endswith("_update")})
         p2, ceiling = runs["jetstream_to_delta_eps_p2"], runs["parquet_to_delta_eps"]
         result["p2_vs_parquet"] = round(p2.rate / ceiling.rate, 3)
         result["arrow_source_vs_parquet"] = round(runs["arrow_source_to_delta_eps"].rate / ceiling.rate, 3)
@@ -391,12 +463,25 @@ def main() -> None:
         result["reader_budget_us"] = round(
             cores * 2e6 / ceiling.rate - p2.cpu_us["nats_server"] - p2.cpu_us["spark_jvm"], 2
         )
+        fold_rebuilds, fold_updates, dataframe_updates = runs["fold_rebuild_eps"], runs["fold_update"], runs["dataframe_update"]
+        result["update_1pct_over_rebuild"] = median_ratio(fold_updates, fold_rebuilds)
+        result["update_1pct_over_rebuild_dataframe"] = median_ratio(dataframe_updates, p2)
+        result["update_1pct_s"] = {
+            name: {"update": round(statistics.median(u.seconds), 2), "rebuild": round(statistics.median(r.seconds), 2)}
+            for name, u, r in (("fold", fold_updates, fold_rebuilds), ("dataframe", dataframe_updates, p2))
+        }
+
         def table(path: Path) -> list[Any]:
-            return spark.read.format("delta").load(str(path)).orderBy("account_id").collect()
+            frame = spark.read.format("delta").load(str(path))
+            return frame.select(*[c for c in frame.columns if c != GROUP_COLUMN]).orderBy("account_id").collect()
 
         expected = table(root / "parquet-0")
-        assert table(root / "js-p2-0" / "balances") == expected, "JetStream and Parquet rebuilds differ"
+        assert table(root / "js-p1-0" / "balances") == expected, "JetStream and Parquet rebuilds differ"
         assert table(root / "arrow-0") == expected, "the Arrow-source and Parquet rebuilds differ"
+        everything = balances(read_events(spark, settings, categories=["Account"], to_position=last, columns=columns))
+        expected = everything.orderBy("account_id").collect()
+        assert table(root / "js-p2-0" / "balances") == expected, "an update of the DataFrame projection differs"
+        assert table(root / "fold-0" / "balances") == expected, "an update of the fold projection differs"
         spark.stop()
     print(json.dumps(result))
 
