@@ -104,6 +104,7 @@ __all__ = [
 ]
 
 _CLASH = "jetsourcing: a row changes group"  # raised inside a MERGE, turned into a FoldConstraintError
+_BROADCAST_POSITIONS = 1_000_000  # an update of at most this many positions broadcasts its groups
 
 Combine = Literal["sum", "min", "max", "last", "first"] | Callable[[Column, Column], Column]
 """How :func:`update` merges a column of a DataFrame projection's partial result into the stored row.
@@ -428,15 +429,18 @@ def _merge_fold(
     spark = events.sparkSession
     registry = bound_registry(projection, registry)
     say(f"folding the new events per {group_by} onto the affected rows")
-    # The new events are read from the stream once, here. Cached, their size is known, so
-    # Spark broadcasts their groups to the scans of the stored rows rather than shuffling
-    # the tables, however large.
+    # The new events are read from the stream once: their groups and the fold both use them.
     handled = events.where(F.col("type").isin(sorted(projection.handled_types))).persist(StorageLevel.MEMORY_AND_DISK)
     folded: DataFrame | None = None
     try:
-        if handled.count() == 0:
+        if handled.isEmpty():  # reads as little as it takes; what it read stays cached for the fold
             return ProjectionRun(projection.name, app_id, "noop", low + 1, low)
         affected = handled.select(F.col(group_by).cast("string").alias(GROUP_COLUMN)).distinct()
+        if high - low <= _BROADCAST_POSITIONS:
+            # Each position adds at most one group (a commit is one stream's): few enough to
+            # broadcast to the scans of the stored rows, which keep only those groups' rows
+            # without shuffling the tables.
+            affected = F.broadcast(affected)
         versions = {table.name: table_version(spark, root / table.name) for table in projection.tables}
         state = [
             _stored(spark, root / table.name, versions[table.name]).join(affected, GROUP_COLUMN, "left_semi")
@@ -448,8 +452,7 @@ def _merge_fold(
         # Computed in full once, before the first table changes; should Spark recompute a
         # lost partition later, the pinned table versions above give it the same start state.
         _handle_failures(projection, folded, root, app_id, high, policy, replace=False)
-        if _check_fold(projection, folded, group_by) == 0:
-            return ProjectionRun(projection.name, app_id, "noop", low + 1, low)
+        _check_fold(projection, folded, group_by)
         tables = split_tables(projection, folded)
         results = {}
         for table in projection.tables:
@@ -464,8 +467,8 @@ def _merge_fold(
     return ProjectionRun(projection.name, app_id, "merge", low + 1, high, results, counter.value)
 
 
-def _check_fold(projection: Projection, folded: DataFrame, group_by: str) -> int:
-    """The number of rows the fold emitted, in one Spark job that also checks that no two groups emitted one row.
+def _check_fold(projection: Projection, folded: DataFrame, group_by: str) -> None:
+    """Make sure no two groups emitted one row (a Spark job).
 
     Within a group the store holds one row per key, so a key emitted twice (alive or
     deleted) was written by two groups: :class:`FoldConstraintError`. A :func:`rebuild`
@@ -474,21 +477,22 @@ def _check_fold(projection: Projection, folded: DataFrame, group_by: str) -> int
     """
     keys = {i: [value_column(i, k) for k in table.key] for i, table in enumerate(projection.tables)}
     every_key = [F.col(c) for columns in keys.values() for c in columns]
-    per_key = folded.where(F.col(TABLE) >= 0).groupBy(F.col(TABLE), *every_key).agg(
-        F.count(F.lit(1)).alias("rows"), F.array_sort(F.collect_set(GROUP_COLUMN)).alias("groups")
+    clashes = (
+        folded.where(F.col(TABLE) >= 0)
+        .groupBy(F.col(TABLE), *every_key)
+        .agg(F.count(F.lit(1)).alias("rows"), F.array_sort(F.collect_set(GROUP_COLUMN)).alias("groups"))
+        .where(F.col("rows") > 1)
+        .limit(3)
+        .collect()
     )
-    clash = F.when(F.col("rows") > 1, F.struct(F.col(TABLE), F.col("groups"), *every_key))
-    summary = per_key.agg(F.sum("rows").alias("rows"), F.slice(F.collect_list(clash), 1, 3).alias("clashes")).first()
-    assert summary is not None
-    if summary["clashes"]:
-        index = summary["clashes"][0][TABLE]
+    if clashes:
+        index = clashes[0][TABLE]
         examples = [
             (row[keys[index][0]] if len(keys[index]) == 1 else tuple(row[c] for c in keys[index]), list(row["groups"]))
-            for row in summary["clashes"]
+            for row in clashes
             if row[TABLE] == index
         ]
         raise FoldConstraintError(projection.name, projection.tables[index].name, group_by, examples)
-    return int(summary["rows"] or 0)
 
 
 def _handle_failures(
