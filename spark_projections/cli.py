@@ -9,7 +9,9 @@ Sub-commands:
 * ``rebuild module:Projection --root DIR`` / ``update module:Projection --root DIR`` -
   materialise a projection into Delta tables under ``DIR`` (see
   :mod:`spark_projections.projection`). Spark runs locally by default; any master with
-  ``--master`` or ``JETSOURCING_SPARK_MASTER`` (e.g. ``spark://host:7077``).
+  ``--master`` or ``JETSOURCING_SPARK_MASTER`` (e.g. ``spark://host:7077``);
+* ``follow module:Projection --root DIR`` - keep the tables up to date with a streaming query
+  until SIGTERM, and ``status`` - where it is (:mod:`spark_projections.follow_command`).
 
 Exit status 0 on success, 2 with a one-paragraph explanation (no stack trace) when a
 :class:`~spark_projections.errors.SparkProjectionError` occurs.
@@ -21,7 +23,7 @@ import argparse
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from typing import Any
@@ -30,13 +32,25 @@ from pydantic import ValidationError
 from pyspark.sql import SparkSession
 
 from eventstore import EventStoreSettings, ImportPathError, import_object
-from projections import Projection
+from projections import ErrorPolicy, Projection
 from spark_projections.errors import SparkProjectionError
 from spark_projections.delta import WriteResult, table_history
 from spark_projections.projection import AnyProjection, DataFrameProjection, last_position, rebuild, update
 from spark_projections.settings import SparkSettings, check_master
 
-__all__ = ["add_commands", "add_common_options", "load", "main", "run_command", "spark_settings"]
+__all__ = [
+    "add_commands",
+    "add_common_options",
+    "add_stream_options",
+    "at_least_one",
+    "event_store_settings",
+    "load",
+    "main",
+    "run_command",
+    "spark_settings",
+    "stage_printer",
+    "start_spark",
+]
 
 
 def main(argv: Sequence[str] | None = None, *, spark: SparkSession | None = None) -> int:
@@ -61,12 +75,19 @@ def main(argv: Sequence[str] | None = None, *, spark: SparkSession | None = None
     fetch.add_argument("dest", type=Path, help="folder to copy the jars into (created)")
     fetch.add_argument("--delta-version", help="Delta version to resolve (default: settings)")
     add_commands(commands)
+    from spark_projections.follow_command import add_follow_commands, run_follow, run_status
+
+    add_follow_commands(commands)
     args = parser.parse_args(argv)
     try:
         if args.command == "check":
             return _check()
         if args.command in ("rebuild", "update"):
             return run_command(args, spark)
+        if args.command == "follow":
+            return run_follow(args, spark)
+        if args.command == "status":
+            return run_status(args)
         return _fetch(args.dest, args.delta_version)
     except SparkProjectionError as exc:
         print(f"jetsourcing: {exc}", file=sys.stderr)
@@ -105,19 +126,60 @@ def add_common_options(command: argparse.ArgumentParser) -> None:
     are (``--nats-url``, ``--stream``, ``--subject-prefix``), ``--partitions``, and the Spark session's
     ``--master`` and ``--shuffle-partitions`` (:func:`spark_settings`). Invalid values are refused by argparse:
     a one-line error and exit status 2."""
+    add_stream_options(command)
+    command.add_argument("--partitions", type=at_least_one, metavar="N",
+                         help="parallel stream reads (default: Spark's parallelism)")
+    command.add_argument("--error-policy", choices=[p.value for p in ErrorPolicy],
+                         help="what a handler error does (default: the projection's own): stop and name it, or "
+                         "record the commit in <root>/_dead_letters and go on")
+    defaults = SparkSettings.model_fields
+    command.add_argument("--master", type=_master,
+                         help="Spark master, e.g. local[2] or spark://host:7077 (JETSOURCING_SPARK_MASTER; "
+                         f"default {defaults['master'].default})")
+    command.add_argument("--shuffle-partitions", type=at_least_one, metavar="N",
+                         help="Spark's shuffle partitions, at least 1 (JETSOURCING_SPARK_SHUFFLE_PARTITIONS; "
+                         f"default {defaults['shuffle_partitions'].default})")
+
+
+def add_stream_options(command: argparse.ArgumentParser) -> None:
+    """Add the projection, ``--root`` and where the events are (``--nats-url``, ``--stream``, ``--subject-prefix``)."""
     command.add_argument("projection", metavar="module:Projection")
     command.add_argument("--root", required=True, help="folder of the Delta tables (<root>/<table>)")
     command.add_argument("--nats-url", help="NATS server URL(s) (NATS_URL)")
     command.add_argument("--stream", help="JetStream stream of the events (JETSOURCING_STREAM)")
     command.add_argument("--subject-prefix", help="subject prefix of the events (JETSOURCING_SUBJECT_PREFIX)")
-    command.add_argument("--partitions", type=int, help="parallel stream reads (default: Spark's parallelism)")
-    defaults = SparkSettings.model_fields
-    command.add_argument("--master", type=_master,
-                         help="Spark master, e.g. local[2] or spark://host:7077 (JETSOURCING_SPARK_MASTER; "
-                         f"default {defaults['master'].default})")
-    command.add_argument("--shuffle-partitions", type=_at_least_one, metavar="N",
-                         help="Spark's shuffle partitions, at least 1 (JETSOURCING_SPARK_SHUFFLE_PARTITIONS; "
-                         f"default {defaults['shuffle_partitions'].default})")
+
+
+def event_store_settings(args: argparse.Namespace) -> EventStoreSettings:
+    """The event store settings of :func:`add_stream_options`' arguments, then ``NATS_URL`` / ``JETSOURCING_*``."""
+    overrides = {k: v for k, v in (("nats_url", args.nats_url), ("stream", args.stream),
+                                   ("subject_prefix", args.subject_prefix)) if v}
+    return EventStoreSettings(**overrides)
+
+
+def stage_printer() -> Callable[[str], None]:
+    """A progress callback printing each line with the seconds since it was made."""
+    started = time.monotonic()
+
+    def stage(text: str) -> None:
+        print(f"[{time.monotonic() - started:6.1f}s] {text}", flush=True)
+
+    return stage
+
+
+def start_spark(
+    args: argparse.Namespace, settings: EventStoreSettings, stage: Callable[[str], None]
+) -> tuple[SparkSession, SparkSettings]:
+    """Check the settings and the server, then start the session of :func:`spark_settings`, saying so."""
+    from spark_projections.session import spark_session
+
+    wanted = spark_settings(args)  # a bad JETSOURCING_SPARK_* fails before anything else
+    stage(f"the stream's last position: {last_position(settings):,}")  # a bad server fails before Spark starts
+    stage("starting Spark with Delta Lake (its start-up output goes to a log file)")
+    spark = spark_session(wanted)
+    stage(f"Spark {spark.version} started: master {spark.sparkContext.master}, "
+          f"{spark.conf.get('spark.sql.shuffle.partitions')} shuffle partitions")
+    return spark, wanted
 
 
 def _master(text: str) -> str:
@@ -127,7 +189,8 @@ def _master(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
-def _at_least_one(text: str) -> int:
+def at_least_one(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
     try:
         value = int(text)
     except ValueError:
@@ -165,27 +228,14 @@ def run_command(args: argparse.Namespace, spark: SparkSession | None = None) -> 
     Uses ``spark`` as it is, or starts a session from :func:`spark_settings`; the event store
     settings come from the arguments, then ``NATS_URL`` / ``JETSOURCING_*``.
     """
-    from spark_projections.session import spark_session
-
-    started = time.monotonic()
-
-    def stage(text: str) -> None:
-        print(f"[{time.monotonic() - started:6.1f}s] {text}", flush=True)
-
+    stage = stage_printer()
     projection = load(args.projection)
-    overrides = {k: v for k, v in (("nats_url", args.nats_url), ("stream", args.stream),
-                                   ("subject_prefix", args.subject_prefix)) if v}
-    settings = EventStoreSettings(**overrides)
+    settings = event_store_settings(args)
     if spark is None:
-        wanted = spark_settings(args)  # a bad JETSOURCING_SPARK_* fails before anything else
-        stage(f"the stream's last position: {last_position(settings):,}")  # a bad server fails before Spark starts
-        stage("starting Spark with Delta Lake (its start-up output goes to a log file)")
-        spark = spark_session(wanted)
-        stage(f"Spark {spark.version} started: master {spark.sparkContext.master}, "
-              f"{spark.conf.get('spark.sql.shuffle.partitions')} shuffle partitions")
+        spark, _ = start_spark(args, settings, stage)
     run = (rebuild if args.command == "rebuild" else update)(
         spark, projection, settings, args.root, partitions=args.partitions, to_position=args.to_position,
-        progress=stage,
+        error_policy=args.error_policy, progress=stage,
     )
     folded = "" if run.events is None else f", {run.events:,} events folded"
     stage(f"{run.projection}: {run.mode}, positions {run.from_position:,} to {run.position:,}{folded} "

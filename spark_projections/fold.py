@@ -143,7 +143,7 @@ class HandlerFailedError(SparkProjectionError):
             f"{projection}: the handler of {self.event_type} at position {self.position} (event {self.index} of the "
             f"commit, entity {self.stream_id}, event id {self.event_id}) raised {self.error}{more}. Nothing was "
             "written. Fix the handler and run again, or run with error_policy='dead_letter' to record failing commits "
-            f"in the {DEAD_LETTERS_TABLE} table and go on.\n{self.traceback}"
+            f"in the {DEAD_LETTERS_TABLE} table and go on.\n\nThe handler's traceback:\n{self.traceback}"
         )
 
 

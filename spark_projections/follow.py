@@ -60,9 +60,11 @@ from spark_projections.projection import (
     ProjectionRun,
     app_id_of,
     common_position,
+    error_policy_of,
     merge_events,
     rebuild,
     table_names,
+    table_root,
 )
 from spark_projections.source import EVENTS_SCHEMA, FORMAT, register, settings_options
 from spark_projections.stream import DEFAULT_MAX_EVENTS_PER_TRIGGER
@@ -105,12 +107,12 @@ class FollowStatus:
 
 def checkpoint_path(root: str | os.PathLike[str], projection: AnyProjection) -> Path:
     """Where :func:`follow` keeps its Spark checkpoint unless told otherwise."""
-    return Path(root) / _STATE / "checkpoints" / app_id_of(projection)
+    return table_root(root) / _STATE / "checkpoints" / app_id_of(projection)
 
 
 def status_path(root: str | os.PathLike[str], projection: AnyProjection) -> Path:
     """Where :func:`follow` writes its :class:`FollowStatus` after each micro-batch."""
-    return Path(root) / _STATE / f"follow-{app_id_of(projection)}.json"
+    return table_root(root) / _STATE / f"follow-{app_id_of(projection)}.json"
 
 
 def follow_status(root: str | os.PathLike[str], projection: AnyProjection) -> FollowStatus | None:
@@ -160,7 +162,15 @@ class Follower:
         After ``grace_s`` the query is stopped anyway: the batch's Delta commits are
         exactly-once, so a batch cut short is redone whole by the next run.
         """
+        deadline = time.monotonic() + grace_s
         self._writer.idle.wait(grace_s)
+        done = self._writer.last
+        # Spark logs a batch as committed after our function returns, then reports its progress.
+        while done is not None and time.monotonic() < deadline:
+            progress = self.query.lastProgress
+            if progress is not None and progress["batchId"] >= done.batch_id:
+                break
+            time.sleep(0.05)
         self.query.stop()
 
 
@@ -176,7 +186,7 @@ def follow(
     partitions: int | None = None,
     registry: TypeRegistry | None = None,
     group_by: str = "stream_id",
-    error_policy: ErrorPolicy | str = ErrorPolicy.STOP,
+    error_policy: ErrorPolicy | str | None = None,
     available_now: bool = False,
     progress: Progress | None = None,
 ) -> Follower:
@@ -185,7 +195,7 @@ def follow(
     ``trigger_s``: a micro-batch starts every ``trigger_s`` seconds (when the previous
     one is done). ``max_events_per_trigger`` bounds a micro-batch in stream
     positions; ``partitions`` is how many parallel reads a micro-batch makes
-    (default: Spark's default parallelism). ``error_policy`` is the daemon's:
+    (default: Spark's default parallelism). ``error_policy`` (default: the projection's own) is the daemon's:
     ``stop`` fails the query naming the event, ``dead_letter`` records the failing
     commit in ``<root>/_dead_letters`` and goes on. ``available_now`` reads what
     the stream holds now, then ends (see :meth:`Follower.await_termination`).
@@ -204,11 +214,11 @@ def follow(
             "the stored ones. Give it combine= (combine={} when each batch only adds new keys, as an append-only "
             "output does), or run `jetsourcing spark rebuild` on a schedule instead."
         )
-    policy = ErrorPolicy(error_policy)
-    checkpoint_dir = Path(checkpoint) if checkpoint is not None else checkpoint_path(root, projection)
+    policy = error_policy_of(projection, error_policy)
+    checkpoint_dir = table_root(checkpoint) if checkpoint is not None else checkpoint_path(root, projection)
     recorded = common_position(spark, projection, root)
     if recorded is None and any(
-        recorded_position(spark, Path(root) / name, app_id_of(projection)) is not None for name in table_names(projection)
+        recorded_position(spark, table_root(root) / name, app_id_of(projection)) is not None for name in table_names(projection)
     ):
         # An interrupted batch run left the tables at different positions: new events cannot bring them up to date.
         if progress is not None:
@@ -234,7 +244,7 @@ def follow(
     if isinstance(projection, DataFrameProjection) and projection.columns is not None:
         fields = {f.name: f for f in EVENTS_SCHEMA.fields}
         reader = reader.schema(StructType([fields[c] for c in dict.fromkeys(("position", *projection.columns))]))
-    writer = _BatchWriter(projection, settings, Path(root), registry, group_by, policy, progress)
+    writer = _BatchWriter(projection, settings, table_root(root), registry, group_by, policy, progress)
     stream = reader.load().writeStream.foreachBatch(writer).option("checkpointLocation", str(checkpoint_dir))
     stream = stream.queryName(f"jetsourcing-{app_id_of(projection)}")
     stream = stream.trigger(availableNow=True) if available_now else stream.trigger(processingTime=f"{trigger_s} seconds")

@@ -96,9 +96,11 @@ __all__ = [
     "ProjectionRun",
     "app_id_of",
     "common_position",
+    "error_policy_of",
     "fold_tables",
     "merge_events",
     "rebuild",
+    "table_root",
     "table_schema",
     "update",
 ]
@@ -214,8 +216,8 @@ def rebuild(
     stage as it starts (reading, folding or building, writing each table).
     """
     high = last_position(settings) if to_position is None else to_position
-    policy = _policy(projection, error_policy)
-    return _rebuild(spark, projection, settings, Path(root), registry, high, partitions, group_by, progress or _quiet,
+    policy = error_policy_of(projection, error_policy)
+    return _rebuild(spark, projection, settings, table_root(root), registry, high, partitions, group_by, progress or _quiet,
                     policy)
 
 
@@ -240,9 +242,9 @@ def update(
     or for a DataFrame projection without ``combine``. Nothing new: ``noop``.
     ``error_policy`` and ``progress`` work as for :func:`rebuild`.
     """
-    root = Path(root)
+    root = table_root(root)
     say = progress or _quiet
-    policy = _policy(projection, error_policy)
+    policy = error_policy_of(projection, error_policy)
     app_id = app_id_of(projection)
     high = last_position(settings) if to_position is None else to_position
     low = common_position(spark, projection, root)
@@ -263,6 +265,12 @@ def update(
     return _merge_fold(projection, events, root, app_id, low, high, registry, group_by, say, policy)
 
 
+def table_root(root: str | os.PathLike[str]) -> Path:
+    """``root`` as an absolute path: Spark's JVM resolves a relative one against its own working directory, which
+    need not be Python's."""
+    return Path(root).absolute()
+
+
 def common_position(spark: SparkSession, projection: AnyProjection, root: str | os.PathLike[str]) -> int | None:
     """The stream position every table of ``projection`` under ``root`` records for its version.
 
@@ -270,7 +278,7 @@ def common_position(spark: SparkSession, projection: AnyProjection, root: str | 
     version) or the tables record different ones (an interrupted run).
     """
     app_id = app_id_of(projection)
-    recorded = {recorded_position(spark, Path(root) / name, app_id) for name in table_names(projection)}
+    recorded = {recorded_position(spark, table_root(root) / name, app_id) for name in table_names(projection)}
     return recorded.pop() if len(recorded) == 1 else None
 
 
@@ -302,9 +310,9 @@ def merge_events(
     ``columns`` at least); events at or before the recorded position are left out,
     so ``events`` may reach back further. ``error_policy`` works as for :func:`rebuild`.
     """
-    root = Path(root)
+    root = table_root(root)
     say = progress or _quiet
-    policy = _policy(projection, error_policy)
+    policy = error_policy_of(projection, error_policy)
     app_id = app_id_of(projection)
     recorded = {recorded_position(spark, root / name, app_id) for name in table_names(projection)}
     if recorded == {None}:
@@ -333,7 +341,7 @@ Progress = Callable[[str], None]
 """Told each stage of a :func:`rebuild` or :func:`update` as it starts, in words."""
 
 
-def _policy(projection: AnyProjection, given: ErrorPolicy | str | None) -> ErrorPolicy:
+def error_policy_of(projection: AnyProjection, given: ErrorPolicy | str | None) -> ErrorPolicy:
     """The error policy asked for, or else the projection's own (a DataFrame projection has no handlers)."""
     if given is not None:
         try:

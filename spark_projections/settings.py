@@ -16,16 +16,20 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, PositiveInt, field_validator
+from pydantic import Field, PositiveFloat, PositiveInt, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = [
+    "DEFAULT_MAX_EVENTS_PER_TRIGGER",
     "DELTA_MAVEN_VERSION",
     "TEST_PROFILE_CONF",
     "SparkSettings",
     "check_master",
     "default_delta_jars_cache",
 ]
+
+DEFAULT_MAX_EVENTS_PER_TRIGGER = 1_000_000
+"""Stream positions per micro-batch of a streaming read or ``follow``, unless told otherwise."""
 
 DELTA_MAVEN_VERSION = "4.4.0"
 """Version of ``io.delta:delta-spark_<spark>_2.13`` put on the classpath by default.
@@ -131,6 +135,12 @@ class SparkSettings(BaseSettings):
     extra_conf: dict[str, str] = Field(default_factory=dict)
     """Any further Spark configuration; applied last, so it overrides the values above
     (``spark.jars``, ``spark.jars.packages`` and ``spark.sql.extensions`` are merged instead)."""
+
+    trigger_s: PositiveFloat = 1.0
+    """``follow``: a micro-batch starts every ``trigger_s`` seconds (once the previous one is done)."""
+
+    max_events_per_trigger: PositiveInt = DEFAULT_MAX_EVENTS_PER_TRIGGER
+    """``follow``: at most this many stream positions per micro-batch."""
 
     @field_validator("master")
     @classmethod

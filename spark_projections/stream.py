@@ -56,11 +56,9 @@ from eventstore.jetstream import BulkConnection, last_commit_boundary, whole_com
 from spark_projections._options import Options, int_option
 from spark_projections._range_reader import open_connection, read_range
 from spark_projections.errors import EventSourceError
+from spark_projections.settings import DEFAULT_MAX_EVENTS_PER_TRIGGER
 
 __all__ = ["DEFAULT_MAX_EVENTS_PER_TRIGGER", "StreamOptions", "StreamReader"]
-
-DEFAULT_MAX_EVENTS_PER_TRIGGER = 1_000_000
-"""Stream positions per micro-batch unless ``max_events_per_trigger`` says otherwise."""
 
 T = TypeVar("T")
 

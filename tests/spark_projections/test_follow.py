@@ -201,9 +201,10 @@ async def test_a_follower_killed_mid_batch_restarts_from_its_checkpoint_without_
     run_to_quiescence(spark, projection, store.settings, root)
     assert rebuild(spark, projection, store.settings, tmp_path / "rebuilt").position == last
     assert delta_rs_rows(root, projection) == delta_rs_rows(tmp_path / "rebuilt", projection)
+    accounts = max(r.position for r in read_events(spark, store.settings, categories=["Account"]).collect())
     for table in ("balances", "closures"):
         positions = [p for _, p in history_positions(root / table)]
-        assert positions == sorted(set(positions)) and positions[-1] == last  # each range once
+        assert positions == sorted(set(positions)) and positions[-1] == accounts  # each range once
 
 
 async def test_sigterm_stops_the_follow_command_after_its_batch_within_seconds(
@@ -256,3 +257,58 @@ async def test_a_server_restart_during_a_streaming_query_is_survived(spark: Spar
         assert delta_rs_rows(root, projection) == delta_rs_rows(tmp_path / "rebuilt", projection)
     finally:
         server.stop()
+
+
+async def test_follow_and_status_commands(
+    spark: SparkSession, store: EventStore, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from spark_projections.cli import main
+
+    await history(store, workload(150, 8, seed=28))
+    where = ["--root", str(tmp_path / "cli"), "--nats-url", str(store.settings.nats_url), "--stream",
+             store.settings.stream, "--subject-prefix", store.settings.subject_prefix]
+    assert main(["status", "projection_examples:Movements", *where]) == 0
+    assert "no follower has written" in capsys.readouterr().out
+    assert main(["follow", "projection_examples:Movements", *where, "--available-now",
+                 "--max-events-per-trigger", "70"], spark=spark) == 0
+    out = capsys.readouterr().out
+    assert "batch 0:" in out and "batch 1:" in out and "caught up" in out, out
+    last = await store.last_position()
+    assert main(["status", "projection_examples:Movements", *where]) == 0
+    out = capsys.readouterr().out
+    assert f"read to position {last:,}" in out and "(up to 0 positions behind)" in out, out
+    assert main(["status", "projection_examples:Movements", *where, "--json"]) == 0
+    reported = json.loads(capsys.readouterr().out)
+    assert reported["stream_last_position"] == last and reported["status"]["position"] == last
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("--trigger-s", "0"), ("--trigger-s", "soon"), ("--max-events-per-trigger", "0"),
+     ("--max-events-per-trigger", "-5"), ("--error-policy", "skip"), ("--partitions", "0"), ("--grace-s", "-1")],
+)
+def test_follow_refuses_bad_options_in_one_line(option: str, value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from spark_projections.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["follow", "projection_examples:Movements", "--root", "x", option, value])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert option in err and "Traceback" not in err
+
+
+async def test_a_handler_error_under_stop_fails_the_follow_command_naming_the_event(
+    spark: SparkSession, store: EventStore, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from spark_projections.cli import main
+
+    await history(store, workload(40, 4, seed=29))
+    poison = await store.append(StreamId("Account", "acc-poison"), [Corrupted(detail="bad")])
+    code = main(["follow", "projection_examples:FragileBalances", "--root", str(tmp_path / "f"), "--nats-url",
+                 str(store.settings.nats_url), "--stream", store.settings.stream, "--subject-prefix",
+                 store.settings.subject_prefix, "--available-now"], spark=spark)
+    assert code == 2
+    err = capsys.readouterr().err
+    assert f"Corrupted at position {poison.position}" in err and "Account/acc-poison" in err, err
+    assert "The handler's traceback:" in err and "raise ValueError" in err, err
+    assert "at org.apache" not in err and "py4j" not in err, err  # no JVM stack trace
