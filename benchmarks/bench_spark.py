@@ -61,11 +61,14 @@ from pyspark.sql import functions as F  # noqa: E402
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition  # noqa: E402
 from pyspark.sql.types import StructType  # noqa: E402
 
-from eventstore import EmbeddedServer, EventStore, EventStoreSettings, RecordedEvent, encode_commit  # noqa: E402
+from eventstore import EmbeddedServer, EventStore, EventStoreSettings, RecordedEvent, StreamId, encode_commit  # noqa: E402
 from eventstore.jetstream import Commits  # noqa: E402
 from eventstore.connection import connect  # noqa: E402
 from projections import Projection, Table, Transaction, handles  # noqa: E402
+from pydantic import BaseModel  # noqa: E402
+
 from spark_projections.delta import full_rebuild  # noqa: E402
+from spark_projections.follow import Follower, follow  # noqa: E402
 from spark_projections.projection import GROUP_COLUMN, Combine, DataFrameProjection, rebuild, update  # noqa: E402
 from spark_projections.session import SparkSettings, spark_session  # noqa: E402
 from spark_projections import _batches, _options, _range_reader, source  # noqa: E402
@@ -345,6 +348,50 @@ def interleaved(rounds: int, figures: list[tuple[str, str, Callable[[int], None]
     return runs
 
 
+class Deposited(BaseModel):
+    amount: int
+
+
+async def stream_latencies(settings: EventStoreSettings, follower: Follower, count: int) -> list[float]:
+    """Seconds from each of ``count`` appends (one event, at random intervals) until ``follower`` has read it: its
+    micro-batch is committed to Delta by then. Appends keep coming while earlier ones are in flight."""
+    import random
+
+    pending: dict[int, float] = {}
+    seen: list[float] = []
+
+    async def watch() -> None:
+        while True:
+            status = follower.status
+            reached = (status.position or 0) if status is not None else 0
+            now = time.perf_counter()
+            for position in [p for p in pending if p <= reached]:
+                seen.append(now - pending.pop(position))
+            await asyncio.sleep(0.01)
+
+    async with EventStore.connect(settings) as store:
+        store.registry.register(Deposited)
+        watcher = asyncio.create_task(watch())
+        try:
+            for n in range(count):
+                appended = await store.append(StreamId("Account", f"late-{n:05d}"), [Deposited(amount=n)])
+                pending[appended.position] = time.perf_counter()
+                await asyncio.sleep(random.uniform(0.2, 1.0))
+            deadline = time.perf_counter() + 120
+            while pending and time.perf_counter() < deadline:
+                await asyncio.sleep(0.05)
+            if pending:
+                raise RuntimeError(f"the follower did not read positions {sorted(pending)[:5]} within 120 s")
+        finally:
+            watcher.cancel()
+    return seen
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
 def median_ratio(numerator: Run, denominator: Run) -> float:
     """The median over the rounds of one figure's time over another's in the same round."""
     return round(statistics.median(a / b for a, b in zip(numerator.seconds, denominator.seconds)), 3)
@@ -353,6 +400,7 @@ def median_ratio(numerator: Run, denominator: Run) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--latency-samples", type=int, default=60, help="appends timed until a follower reads them")
     parser.add_argument("--rounds", type=int, default=3,
                         help="measured runs per figure, taken in turns (the best rate, the median update ratio)")
     args = parser.parse_args()
@@ -408,6 +456,11 @@ def main() -> None:
             result = update(spark, fold, settings, root / f"fold-{i}", to_position=last)
             assert (result.mode, result.events) == ("merge", new)
 
+        def stream_catchup(i: int) -> None:  # a follower started on an empty root reads the whole stream
+            follower = follow(spark, projection, settings, root / f"follow-{i}", available_now=True, partitions=2)
+            assert follower.await_termination(3600) and follower.error is None, follower.error
+            assert follower.status is not None and follower.status.position == last, follower.status
+
         def read_only(partitions: int) -> Callable[[int], None]:
             def run(i: int) -> None:
                 read_events(spark, settings, to_position=total, partitions=partitions).write.format("noop").mode(
@@ -449,6 +502,7 @@ def main() -> None:
             ("jetstream_read_eps_p2_rows", "jetstream p2 read, row tuples", read_rows_only, total),
             ("fold_rebuild_eps", "fold projection rebuild", fold_rebuild, total),
             ("fold_update", f"update of {new:,} new events, fold projection", fold_update, new),
+            ("stream_catchup_eps", "follow: a streaming query catching up", stream_catchup, last),
         ], meter)
         result: dict[str, object] = {"bench": "spark", "events": total, "fill_eps": round(fill_eps)}
         result.update({key: round(run.rate) for key, run in runs.items() if not key.endswith("_update")})
@@ -471,6 +525,7 @@ def main() -> None:
             for name, u, r in (("fold", fold_updates, fold_rebuilds), ("dataframe", dataframe_updates, p2))
         }
 
+        result["stream_catchup_over_rebuild"] = round(runs["stream_catchup_eps"].rate / p2.rate, 3)
         def table(path: Path) -> list[Any]:
             frame = spark.read.format("delta").load(str(path))
             return frame.select(*[c for c in frame.columns if c != GROUP_COLUMN]).orderBy("account_id").collect()
@@ -482,6 +537,19 @@ def main() -> None:
         expected = everything.orderBy("account_id").collect()
         assert table(root / "js-p2-0" / "balances") == expected, "an update of the DataFrame projection differs"
         assert table(root / "fold-0" / "balances") == expected, "an update of the fold projection differs"
+        assert table(root / "follow-0" / "balances") == expected, "a follower's tables differ"
+        # Latency: a follower with a 1 s trigger (at `last` already: it starts from its tables' position) while
+        # single appends arrive at random intervals; visible = the micro-batch holding it was written to Delta.
+        follower = follow(spark, projection, settings, root / "follow-0", trigger_s=1.0, partitions=2)
+        try:
+            latencies = asyncio.run(stream_latencies(settings, follower, args.latency_samples))
+        finally:
+            follower.stop()
+        log(f"stream latency over {len(latencies)} appends: " + ", ".join(f"{x:.2f}" for x in sorted(latencies)))
+        result["stream_latency_p50_s"] = round(statistics.median(latencies), 2)
+        result["stream_latency_p99_s"] = round(percentile(latencies, 0.99), 2)
+        batches = follower.status
+        result["stream_batch_s_last"] = None if batches is None else batches.seconds
         spark.stop()
     print(json.dumps(result))
 
