@@ -67,7 +67,7 @@ from eventstore.connection import connect  # noqa: E402
 from projections import Projection, Table, Transaction, handles  # noqa: E402
 from pydantic import BaseModel  # noqa: E402
 
-from spark_projections.delta import full_rebuild  # noqa: E402
+from spark_projections.delta import full_rebuild, incremental_merge  # noqa: E402
 from spark_projections.follow import Follower, follow  # noqa: E402
 from spark_projections.projection import GROUP_COLUMN, Combine, DataFrameProjection, rebuild, update  # noqa: E402
 from spark_projections.session import SparkSettings, spark_session  # noqa: E402
@@ -550,6 +550,16 @@ def main() -> None:
         result["stream_latency_p99_s"] = round(percentile(latencies, 0.99), 2)
         batches = follower.status
         result["stream_batch_s_last"] = None if batches is None else batches.seconds
+        # The floor under a micro-batch: one Delta MERGE of a single row into a small table, nothing else.
+        floor = root / "merge-floor"
+        full_rebuild(spark.createDataFrame([(0, 0)], "k BIGINT, v BIGINT"), floor, app_id="floor", position=1)
+        merges = []
+        for n in range(2, 8):
+            started = time.perf_counter()
+            incremental_merge(spark.createDataFrame([(n % 3, n)], "k BIGINT, v BIGINT"), floor, keys=["k"],
+                              app_id="floor", position=n)
+            merges.append(time.perf_counter() - started)
+        result["delta_merge_floor_s"] = round(statistics.median(merges[1:]), 2)
         spark.stop()
     print(json.dumps(result))
 
