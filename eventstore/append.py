@@ -32,7 +32,9 @@ How an append is made safe:
   append that lost a race retries after a short jittered pause, for at most
   ``10 * request_timeout_s * (append_retries + 1)``. Then a typed error is raised. When no send was
   answered, at most half a ``request_timeout_s`` more asks the server whether it answers at all, to tell a
-  lost server (:class:`ServerUnavailableError`) from one whose disk failed (:class:`StorageError`).
+  lost server (:class:`ServerUnavailableError`) from one whose disk failed (:class:`StorageError`). An atomic
+  append the server refuses as incomplete (it lost the staged batch) is resent the same way, and told apart
+  the same way when every send was refused.
 * **Size.** A commit is checked as sent, header block included, against the
   server's ``max_payload`` before anything is sent: a larger one raises
   :class:`EventTooLargeError` (the server would close the connection on it).
@@ -281,6 +283,22 @@ class _Conflict(Exception):
     def __init__(self, duplicate_id: bool = False) -> None:
         super().__init__()
         self.duplicate_id = duplicate_id
+
+
+_STORAGE_FAILED: Final = (
+    "its storage has most likely failed (the disk is full or read-only; its log says \"critical write error\"), and "
+    "nats-server stores nothing more on this stream until it is restarted. Free space or make the disk writable, "
+    "restart the server, then retry with the same idempotency key."
+)
+
+
+async def _back_off(tries: int) -> None:
+    """Exponential back-off with jitter before resend number ``tries``."""
+    await asyncio.sleep(0.05 * 2 ** (tries - 1) * random.uniform(0.5, 1.0))
+
+
+class _Incomplete(Exception):
+    """The server refused an atomic batch as incomplete: it lost staged messages (a restart, or a failed write)."""
 
 
 class _NotNow(Exception):
@@ -594,7 +612,7 @@ class Appender:
         encoded = [c.encode(recorded_at, correlation_id, causation_id) for c in commits]
         attempts = self._settings.append_retries + 1
         wait = LeaderWait(self._settings.request_timeout_s)
-        attempt = unanswered = 0
+        attempt = unanswered = incomplete = 0
         while True:
             if len(commits) > 1:
                 batch_id = uuid.uuid4().hex  # a batch id per send: the server refuses reused ones; msg ids dedupe
@@ -614,7 +632,7 @@ class Appender:
             except (NatsError, ServerUnavailableError) as exc:
                 unanswered += 1
                 if unanswered < attempts:
-                    await asyncio.sleep(0.05 * 2 ** (unanswered - 1) * random.uniform(0.5, 1.0))
+                    await _back_off(unanswered)
                     attempt += 1
                     continue  # resend: the msg ids make a resend safe
                 raise await self._unacknowledged_error(commits, attempts) from exc
@@ -625,6 +643,13 @@ class Appender:
                 continue
             try:
                 return self._parse_ack(reply, commits, resent=unanswered > 0)
+            except _Incomplete:
+                incomplete += 1
+                if incomplete < attempts:  # a restart lost the staged batch: a resend heals it; a failed disk does not
+                    await _back_off(incomplete)
+                    attempt += 1
+                    continue
+                raise await self._incomplete_error(commits, attempts, resent=unanswered > 0) from None
             except _NotNow as exc:
                 if await wait.again():
                     attempt += 1
@@ -696,28 +721,51 @@ class Appender:
         (A replicated stream's leader steps down on a write error instead.) Else a :class:`ServerUnavailableError`.
         """
         entity = commits[-1].request.stream_id
-        unknown = (
-            f"The server did not acknowledge the append to {entity} after {attempts} tries. It may or may not be "
-            "stored; retry with the same idempotency key to find out safely."
+        if not await self._storage_failed(commits):
+            return ServerUnavailableError(
+                f"The server did not acknowledge the append to {entity} after {attempts} tries. It may or may not be "
+                "stored; retry with the same idempotency key to find out safely."
+            )
+        return StorageError(
+            f"The server answers, but did not store the append to {entity} in {attempts} tries: {_STORAGE_FAILED} "
+            "The append is not stored so far (a send still queued on an overloaded server could yet be); every "
+            "acknowledged event stays stored."
         )
+
+    async def _incomplete_error(self, commits: list[_Commit], attempts: int, *, resent: bool) -> ServerUnavailableError:
+        """The error of an atomic append every send of which the server refused as incomplete.
+
+        A :class:`StorageError` when the stream's storage has most likely failed (as for
+        :meth:`_unacknowledged_error`): nats-server stages a batch on the stream's disk and refuses its commit when
+        it could not. Else a :class:`ServerUnavailableError`: the server lost the staged batch (restarts).
+        """
+        batch = f"the atomic append to {commits[-1].request.stream_id} and {len(commits) - 1} other entities"
+        stored = (
+            "An earlier send went unanswered and may have been stored: retry with the same idempotency key to find "
+            "out safely." if resent else "Nothing was stored."
+        )
+        if await self._storage_failed(commits):
+            return StorageError(
+                f"The server answers, but refused {batch} as incomplete in {attempts} tries: {_STORAGE_FAILED} "
+                f"{stored} Every acknowledged event stays stored."
+            )
+        return ServerUnavailableError(
+            f"The server refused {batch} as incomplete in {attempts} tries: it lost part of the batch before the "
+            f"commit (it restarted, or could not stage the batch on its disk). {stored} Retry the append."
+        )
+
+    async def _storage_failed(self, commits: list[_Commit]) -> bool:
+        """Whether the server answers promptly (within half of ``request_timeout_s``), the stream has one replica
+        and ``commits`` are not stored: the signs of a stream whose storage failed a write."""
         timeout_s = self._settings.request_timeout_s
         if not self._nc.is_connected:  # reconnecting: the server is lost, not its disk
-            return ServerUnavailableError(unknown)
+            return False
         try:
             async with asyncio.timeout(timeout_s / 2):
                 info = await self._nc.jetstream(timeout=timeout_s).stream_info(self._settings.stream)
-                stored = info.config.num_replicas != 1 or await self._find_stored(commits) is not None
+                return info.config.num_replicas == 1 and await self._find_stored(commits) is None
         except (EventStoreError, NatsError, asyncio.TimeoutError):
-            stored = True  # unknown: the server is not answering either
-        if stored:
-            return ServerUnavailableError(unknown)
-        return StorageError(
-            f"The server answers, but did not store the append to {entity} in {attempts} tries: its storage has most "
-            "likely failed (the disk is full or read-only; its log says \"critical write error\"), and nats-server "
-            "stores nothing more on this stream until it is restarted. Free space or make the disk writable, restart "
-            "the server, then retry with the same idempotency key. The append is not stored so far (a send still "
-            "queued on an overloaded server could yet be); every acknowledged event stays stored."
-        )
+            return False  # unknown: the server is not answering either
 
     def _parse_ack(self, reply: Msg, commits: list[_Commit], *, resent: bool) -> tuple[list[int], bool]:
         ack = json.loads(reply.data)
@@ -757,11 +805,7 @@ class Appender:
         if "maximum" in description or "too large" in description or code == ErrorCode.MESSAGE_TOO_LARGE:
             raise EventTooLargeError(f"The server refused the append as too large: {description}. {stored}")
         if code == ErrorCode.BATCH_INCOMPLETE:
-            raise ServerUnavailableError(
-                f"The server refused the atomic append to {commits[-1].request.stream_id} and "
-                f"{len(commits) - 1} other entities as incomplete: it lost part of the batch before the commit (it "
-                f"restarted, or could not stage the batch on its disk). {stored} Retry the append."
-            )
+            raise _Incomplete
         if code == ErrorCode.BATCH_TOO_MANY_INFLIGHT:
             raise ServerUnavailableError(
                 f"The server refused the atomic append to {commits[-1].request.stream_id} and {len(commits) - 1} "

@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import subprocess
 import time
 import uuid
@@ -159,13 +160,16 @@ def remount(path: Path, options: str) -> None:
     subprocess.run(["mount", "-o", f"remount,{options}", str(path)], check=True)
 
 
-def fill(path: Path) -> None:
-    """Write zeros to ``path`` until the disk is full."""
-    with open(path, "wb") as filler:
-        with contextlib.suppress(OSError):
-            while True:
-                filler.write(bytes(1 << 16))
-                filler.flush()
+def fill(fd: int) -> None:
+    """Write zeros to the open file ``fd`` until its disk is full (at once, if the disk already is)."""
+    with contextlib.suppress(OSError):
+        while True:
+            os.write(fd, bytes(1 << 16))
+
+
+def disk_usage(path: Path) -> str:
+    usage = shutil.disk_usage(path)
+    return f"{usage.used >> 10} KiB used of {usage.total >> 10} KiB"
 
 
 STORAGE_ERRORS = EXPECTED_ERRORS | {"StorageError"}
@@ -174,6 +178,9 @@ STORAGE_ERRORS = EXPECTED_ERRORS | {"StorageError"}
 async def test_a_full_disk_stops_appends_with_a_storage_error_and_a_restart_resumes_them(tmp_path: Path) -> None:
     with small_disk(tmp_path / "disk", "32m") as disk:
         server = EmbeddedServer(disk / "nats").start()
+        # Opened before the writers start: creating a file on a disk that is already full fails, and how far the
+        # writers get before the disk is filled depends on the machine's load.
+        filler = os.open(disk / "filler", os.O_WRONLY | os.O_CREAT)
         try:
             settings = unique_settings(server.url, request_timeout_s=0.5, append_retries=1)
             store = await EventStore.connect(settings)
@@ -181,18 +188,21 @@ async def test_a_full_disk_stops_appends_with_a_storage_error_and_a_restart_resu
             try:
                 workload.start()
                 await wait_for(lambda: len(workload.ledger.acked) > 50, 10, "the writers append")
-                fill(disk / "filler")
+                fill(filler)
                 await wait_for(lambda: workload.ledger.errors["StorageError"] >= 3, 20,
-                               lambda: f"writers see StorageError (acked {len(workload.ledger.acked)}, errors {dict(workload.ledger.errors)})")
+                               lambda: f"writers see StorageError (acked {len(workload.ledger.acked)}, errors "
+                                       f"{dict(workload.ledger.errors)}, {disk_usage(disk)})")
                 # Space coming back is not enough: nats-server stores nothing more on a stream whose storage
                 # failed a write until it restarts. (A read-only remount is refused while the server has files
                 # open for writing, so a full disk is the write failure tested here.)
+                os.close(filler)
+                filler = -1
                 (disk / "filler").unlink()
                 server.stop()
                 server.start()
                 back = time.monotonic()
                 await wait_for(lambda: set(workload.ledger.acked_after(back)) == set(workload.kinds), 20,
-                               "appends resume after the restart")
+                               lambda: f"appends resume after the restart ({disk_usage(disk)})")
             finally:
                 await workload.stop()
             report = await check(store, workload.ledger)
@@ -201,6 +211,8 @@ async def test_a_full_disk_stops_appends_with_a_storage_error_and_a_restart_resu
             assert "disk is full or read-only" in message and "restart" in message, message
             await store.close()
         finally:
+            if filler >= 0:  # the test failed before it was closed
+                os.close(filler)
             server.close()
 
 

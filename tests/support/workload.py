@@ -156,7 +156,7 @@ class Ledger:
         name = type(exc).__name__
         self.errors[name] += 1
         if len(self.error_samples[name]) < 5:
-            self.error_samples[name].append(str(exc)[:300])
+            self.error_samples[name].append(str(exc)[:600])
 
     def first_ack_after(self, t: float) -> float | None:
         """The first acknowledgement at or after ``t`` (monotonic), if any."""
