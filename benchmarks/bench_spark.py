@@ -363,7 +363,7 @@ async def stream_latencies(settings: EventStoreSettings, follower: Follower, cou
     async def watch() -> None:
         while True:
             status = follower.status
-            reached = (status.position or 0) if status is not None else 0
+            reached = status.position if status is not None else 0
             now = time.perf_counter()
             for position in [p for p in pending if p <= reached]:
                 seen.append(now - pending.pop(position))

@@ -158,7 +158,7 @@ async def _follow(demo: Demo, spark: SparkSession, root: Path, projections: list
             last = before
             async for batch in demo.store.read_all(from_position=before + 1, categories=projection.categories):
                 last = batch[-1].position
-            while (follower.status is None or (follower.status.position or 0) < last) and follower.active:
+            while (follower.status is None or follower.status.position < last) and follower.active:
                 if time.monotonic() - started > 300:
                     raise TimeoutError(f"the follower of {projection.name} did not reach position {last:,} in 300s")
                 await asyncio.sleep(0.2)
@@ -166,7 +166,7 @@ async def _follow(demo: Demo, spark: SparkSession, root: Path, projections: list
             if follower.error is not None or status is None:
                 raise RuntimeError(f"the follower of {projection.name} failed: {follower.error}")
             report.done(f"{projection.name}: followed to position {status.position:,} in "
-                        f"{status.batch_id + 1} micro-batches (the last one: {status.events:,} events in "
+                        f"{status.batch_id + 1} micro-batches (the last one: {status.positions:,} positions in "
                         f"{status.seconds:.1f}s)")
     finally:
         for follower in followers:

@@ -43,9 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.types import StructType
 
@@ -83,23 +81,24 @@ class FollowError(SparkProjectionError):
 class FollowStatus:
     """What the last micro-batch of a follower did, as written after it (``jetsourcing spark status`` shows it).
 
-    ``position`` is the last position the follower has read (the batch's last
-    event of the projection's categories); ``tables_position`` the one the
-    tables record (lower when the newest events change nothing, as events of
-    types without a handler do); ``mode`` the
+    ``position`` is the last stream position the follower has read (the batch's
+    end offset); ``tables_position`` the one the tables record (lower when the
+    newest events change nothing: events of other categories, or of types
+    without a handler); ``mode`` the
     :class:`~spark_projections.projection.ProjectionRun` mode (``"rebuild"``,
-    ``"merge"``, ``"noop"``) or ``"empty"`` (no events of the projection's
-    categories in the batch); ``events`` the events the batch held; ``seconds``
-    how long it took; ``at`` when it ended (Unix time); ``last_progress`` Spark's
-    ``StreamingQuery.lastProgress`` of the batch before it (rates, durations).
+    ``"merge"``, ``"noop"``); ``positions`` how many stream positions the batch
+    covered (its events, and those of categories the projection does not read);
+    ``seconds`` how long it took; ``at`` when it ended (Unix time);
+    ``last_progress`` Spark's ``StreamingQuery.lastProgress`` of the batch
+    before it (rates, durations, ``numInputRows``).
     """
 
     app_id: str
     batch_id: int
     mode: str
-    position: int | None
-    tables_position: int | None
-    events: int
+    position: int
+    tables_position: int
+    positions: int
     seconds: float
     at: float
     last_progress: dict[str, Any] | None
@@ -244,7 +243,8 @@ def follow(
     if isinstance(projection, DataFrameProjection) and projection.columns is not None:
         fields = {f.name: f for f in EVENTS_SCHEMA.fields}
         reader = reader.schema(StructType([fields[c] for c in dict.fromkeys(("position", *projection.columns))]))
-    writer = _BatchWriter(projection, settings, table_root(root), registry, group_by, policy, progress)
+    writer = _BatchWriter(projection, table_root(root), checkpoint_dir, recorded or 0, registry, group_by, policy,
+                          progress)
     stream = reader.load().writeStream.foreachBatch(writer).option("checkpointLocation", str(checkpoint_dir))
     stream = stream.queryName(f"jetsourcing-{app_id_of(projection)}")
     stream = stream.trigger(availableNow=True) if available_now else stream.trigger(processingTime=f"{trigger_s} seconds")
@@ -265,16 +265,18 @@ class _BatchWriter:
     def __init__(
         self,
         projection: AnyProjection,
-        settings: EventStoreSettings,
         root: Path,
+        checkpoint: Path,
+        start: int,
         registry: TypeRegistry | None,
         group_by: str,
         policy: ErrorPolicy,
         progress: Progress | None,
     ) -> None:
         self.projection = projection
-        self.settings = settings
         self.root = root
+        self.checkpoint = checkpoint
+        self.start = start  # the position the first micro-batch starts after, when the checkpoint is new
         self.registry = registry
         self.group_by = group_by
         self.policy = policy
@@ -297,27 +299,20 @@ class _BatchWriter:
 
     def _write(self, df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
-        events = df.persist(StorageLevel.MEMORY_AND_DISK)
-        try:
-            row = events.agg(F.max("position"), F.count(F.lit(1))).first()
-            assert row is not None
-            position, count = row[0], int(row[1])
-            run: ProjectionRun | None = None
-            if position is not None:
-                run = merge_events(
-                    events.sparkSession, self.projection, events, self.root, position=position,
-                    registry=self.registry, group_by=self.group_by, error_policy=self.policy,
-                )
-        finally:
-            events.unpersist()
-        previous = self.last
+        # The batch's range comes from Spark's offset log, not from a pass over the events: the fold reads them once.
+        start = self.start if batch_id == 0 else batch_end(self.checkpoint, batch_id - 1)
+        position = batch_end(self.checkpoint, batch_id)
+        run = merge_events(
+            df.sparkSession, self.projection, df, self.root, position=position,
+            registry=self.registry, group_by=self.group_by, error_policy=self.policy,
+        )
         status = FollowStatus(
             app_id=app_id_of(self.projection),
             batch_id=batch_id,
-            mode="empty" if run is None else run.mode,
-            position=position if position is not None or previous is None else previous.position,
-            tables_position=run.position if run is not None else previous.tables_position if previous else None,
-            events=count,
+            mode=run.mode,
+            position=position,
+            tables_position=run.position,
+            positions=position - start,
             seconds=round(time.monotonic() - started, 3),
             at=time.time(),
             last_progress=_last_progress(self.query),
@@ -325,8 +320,31 @@ class _BatchWriter:
         self.last = status
         _write_json(status_path(self.root, self.projection), status.__dict__)
         if self.progress is not None:
-            where = "" if run is None else f", read to position {position:,}, the tables at {run.position:,}"
-            self.progress(f"batch {batch_id}: {count:,} events, {status.mode}{where} in {status.seconds:.1f}s")
+            self.progress(f"batch {batch_id}: positions {start + 1:,} to {position:,}, {status.mode}, the tables at "
+                          f"{run.position:,} in {status.seconds:.1f}s")
+
+
+def batch_end(checkpoint: Path, batch_id: int) -> int:
+    """The stream position micro-batch ``batch_id`` of the query checkpointed at ``checkpoint`` reads up to.
+
+    Spark logs a batch's end offsets (``offsets/<batch_id>``: a version line, the
+    batch's metadata, then one offset per source) before it runs the batch, and
+    keeps the recent ones. Raises :class:`FollowError` when the log is missing or
+    not of the version read here (``v1``, the format since Spark 2.1).
+    """
+    path = checkpoint / "offsets" / str(batch_id)
+    try:
+        lines = path.read_text().splitlines()
+        offset = json.loads(lines[2]) if len(lines) == 3 and lines[0] == "v1" else None
+    except (OSError, ValueError) as exc:
+        raise FollowError(f"Cannot read micro-batch {batch_id}'s offsets in {path}: {exc}.") from exc
+    position = offset.get("position") if isinstance(offset, dict) else None
+    if not isinstance(position, int) or isinstance(position, bool) or position < 0:
+        raise FollowError(
+            f"{path} is not a Spark offset log of the jetstream source (version v1, one offset "
+            '{"position": N}): the checkpoint belongs to another query, or this Spark writes another format.'
+        )
+    return position
 
 
 def _last_progress(query: StreamingQuery | None) -> dict[str, Any] | None:

@@ -128,9 +128,9 @@ def run_status(args: argparse.Namespace) -> int:
                  f"{progress.get('processedRowsPerSecond', 0):,.0f} rows/s processed")
     ago = time.time() - status.at
     print(f"{projection.name} ({status.app_id}): micro-batch {status.batch_id} {status.mode}, "
-          f"{status.events:,} events in {status.seconds:.1f}s, {ago:,.0f}s ago")
-    print(f"  read to position {status.position or 0:,}, tables at {status.tables_position or 0:,}; the stream's last "
-          f"position is {last:,} (up to {max(0, last - (status.position or 0)):,} positions behind){rates}")
+          f"{status.positions:,} positions in {status.seconds:.1f}s, {ago:,.0f}s ago")
+    print(f"  read to position {status.position:,}, tables at {status.tables_position:,}; the stream's last "
+          f"position is {last:,} (up to {max(0, last - status.position):,} positions behind){rates}")
     return 0
 
 

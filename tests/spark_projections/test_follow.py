@@ -69,8 +69,10 @@ async def test_a_followed_projection_equals_a_rebuild_and_the_daemons_read_model
     root = tmp_path / "followed"
     follower = run_to_quiescence(spark, projection, store.settings, root, max_events_per_trigger=150, partitions=2)
     accounts = max(r.position for r in read_events(spark, store.settings, categories=["Account"]).collect())
-    assert first > accounts  # carts come last; the tables record the projection's last event
-    assert follower.status is not None and follower.status.position == accounts
+    assert first > accounts  # carts come last
+    # The follower read everything; the tables record the end of the last batch that held an account's event.
+    assert follower.status is not None and follower.status.position == first
+    assert accounts <= follower.status.tables_position <= first
     second = await history(store, appends[500:])
     run_to_quiescence(spark, projection, store.settings, root, max_events_per_trigger=150)
 
@@ -82,11 +84,11 @@ async def test_a_followed_projection_equals_a_rebuild_and_the_daemons_read_model
     accounts = max(r.position for r in read_events(spark, store.settings, categories=["Account"]).collect())
     for table in ("balances", "closures"):
         positions = [p for _, p in history_positions(root / table)]
-        assert positions == sorted(set(positions)) and positions[-1] == accounts
+        assert positions == sorted(set(positions)) and accounts <= positions[-1] <= second
         assert len(positions) >= 6  # bounded batches: a rebuild, then merges
     status = follow_status(root, projection)
     assert status is not None and status.app_id == "account_balances.v1"
-    assert status.position == status.tables_position == accounts
+    assert status.position == second and status.tables_position == positions[-1]
 
 
 async def test_a_deleted_checkpoint_restarts_after_the_recorded_position_and_a_replay_changes_nothing(
@@ -204,7 +206,7 @@ async def test_a_follower_killed_mid_batch_restarts_from_its_checkpoint_without_
     accounts = max(r.position for r in read_events(spark, store.settings, categories=["Account"]).collect())
     for table in ("balances", "closures"):
         positions = [p for _, p in history_positions(root / table)]
-        assert positions == sorted(set(positions)) and positions[-1] == accounts  # each range once
+        assert positions == sorted(set(positions)) and accounts <= positions[-1] <= last  # each range once
 
 
 async def test_sigterm_stops_the_follow_command_after_its_batch_within_seconds(
@@ -247,7 +249,7 @@ async def test_a_server_restart_during_a_streaming_query_is_survived(spark: Spar
                 await history(store, appends[200:])
                 last = await store.last_position()
             deadline = time.monotonic() + 180
-            while (follower.status is None or (follower.status.position or 0) < last) and follower.active:
+            while (follower.status is None or follower.status.position < last) and follower.active:
                 assert time.monotonic() < deadline, f"stuck at {follower.status}"
                 await asyncio.sleep(0.2)
             assert follower.query.exception() is None
