@@ -67,7 +67,7 @@ from spark_projections.projection import (
 from spark_projections.source import EVENTS_SCHEMA, FORMAT, register, settings_options
 from spark_projections.stream import DEFAULT_MAX_EVENTS_PER_TRIGGER
 
-__all__ = ["FollowError", "FollowStatus", "Follower", "follow", "follow_status", "status_path"]
+__all__ = ["FollowError", "FollowStatus", "Follower", "batch_end", "follow", "follow_status", "status_path"]
 
 _STATE = "_jetsourcing"
 

@@ -25,7 +25,7 @@ from pyspark.sql import SparkSession
 
 from eventstore import EmbeddedServer, EventStore, EventStoreSettings, StreamId
 from projections import Projection
-from spark_projections.follow import FollowError, follow, follow_status, status_path
+from spark_projections.follow import FollowError, batch_end, follow, follow_status, status_path
 from spark_projections.projection import DataFrameProjection, merge_events, rebuild
 from spark_projections.source import read_events
 
@@ -314,3 +314,31 @@ async def test_a_handler_error_under_stop_fails_the_follow_command_naming_the_ev
     assert f"Corrupted at position {poison.position}" in err and "Account/acc-poison" in err, err
     assert "The handler's traceback:" in err and "raise ValueError" in err, err
     assert "at org.apache" not in err and "py4j" not in err, err  # no JVM stack trace
+
+
+def test_a_batch_end_is_read_from_sparks_offset_log(tmp_path: Path) -> None:
+    offsets = tmp_path / "offsets"
+    offsets.mkdir()
+    (offsets / "0").write_text('v1\n{"batchWatermarkMs":0,"batchTimestampMs":1,"conf":{}}\n{"position":150}')
+    assert batch_end(tmp_path, 0) == 150
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "Cannot read micro-batch 0's offsets"),
+        ("v2\n{}\n{\"position\":1}", "not a Spark offset log of the jetstream source"),
+        ("v1\n{}\n{\"offset\":1}", "not a Spark offset log of the jetstream source"),
+        ("v1\n{}\n{\"position\":-1}", "not a Spark offset log of the jetstream source"),
+        ("v1\n{}\n{\"position\":true}", "not a Spark offset log of the jetstream source"),
+        ("v1\n{}\n{\"position\":1}\n{\"position\":2}", "not a Spark offset log"),  # two sources
+        ("v1\n{}\nnot json", "Cannot read micro-batch 0's offsets"),
+    ],
+    ids=["missing", "another version", "another source", "negative", "a boolean", "two sources", "not json"],
+)
+def test_an_offset_log_not_of_this_source_is_a_clear_follow_error(tmp_path: Path, content: str | None, message: str) -> None:
+    if content is not None:
+        (tmp_path / "offsets").mkdir()
+        (tmp_path / "offsets" / "0").write_text(content)
+    with pytest.raises(FollowError, match=message):
+        batch_end(tmp_path, 0)
