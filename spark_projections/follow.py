@@ -65,7 +65,7 @@ from spark_projections.projection import (
     table_root,
 )
 from spark_projections.source import EVENTS_SCHEMA, FORMAT, register, settings_options
-from spark_projections.stream import DEFAULT_MAX_EVENTS_PER_TRIGGER
+from spark_projections.stream import DEFAULT_MAX_EVENTS_PER_TRIGGER, offset_position
 
 __all__ = ["FollowError", "FollowStatus", "Follower", "batch_end", "follow", "follow_status", "status_path"]
 
@@ -338,8 +338,8 @@ def batch_end(checkpoint: Path, batch_id: int) -> int:
         offset = json.loads(lines[2]) if len(lines) == 3 and lines[0] == "v1" else None
     except (OSError, ValueError) as exc:
         raise FollowError(f"Cannot read micro-batch {batch_id}'s offsets in {path}: {exc}.") from exc
-    position = offset.get("position") if isinstance(offset, dict) else None
-    if not isinstance(position, int) or isinstance(position, bool) or position < 0:
+    position = offset_position(offset)
+    if position is None:
         raise FollowError(
             f"{path} is not a Spark offset log of the jetstream source (version v1, one offset "
             '{"position": N}): the checkpoint belongs to another query, or this Spark writes another format.'

@@ -58,7 +58,7 @@ from spark_projections._range_reader import open_connection, read_range
 from spark_projections.errors import EventSourceError
 from spark_projections.settings import DEFAULT_MAX_EVENTS_PER_TRIGGER
 
-__all__ = ["DEFAULT_MAX_EVENTS_PER_TRIGGER", "StreamOptions", "StreamReader"]
+__all__ = ["DEFAULT_MAX_EVENTS_PER_TRIGGER", "StreamOptions", "StreamReader", "offset_position"]
 
 T = TypeVar("T")
 
@@ -191,9 +191,17 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             conn.close()
 
 
-def _position(offset: dict[str, Any]) -> int:
+def offset_position(offset: object) -> int | None:
+    """The position of a jetstream offset (``{"position": p}``, ``p`` >= 0); None when ``offset`` is not one."""
     position = offset.get("position") if isinstance(offset, dict) else None
     if not isinstance(position, int) or isinstance(position, bool) or position < 0:
+        return None
+    return position
+
+
+def _position(offset: dict[str, Any]) -> int:
+    position = offset_position(offset)
+    if position is None:
         raise EventSourceError(
             f"A jetstream offset is {{'position': <int >= 0>}}, not {offset!r}: this checkpoint was not written by "
             "the jetstream source. Start the query with a new checkpoint location."
