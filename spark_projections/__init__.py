@@ -18,6 +18,7 @@ run in Spark), ``delta.py`` and ``session.py``. Modules, one job each:
   Delta Lake guaranteed usable (settings in :mod:`spark_projections.settings`);
 * :mod:`spark_projections.delta` - ``full_rebuild`` / ``incremental_merge`` into Delta,
   exactly once per stream position, and ``recorded_position`` / ``table_history``;
+* :mod:`spark_projections.ship` - the user's projection code shipped to the executors;
 * :mod:`spark_projections.jars` - where the Delta jars come from (Maven or offline folder);
 * :mod:`spark_projections.java` - the Java 17+ check done before a JVM starts;
 * :mod:`spark_projections.errors` - the typed errors, each with a user-facing remedy;

@@ -64,7 +64,7 @@ from spark_projections.projection import (
     table_names,
     table_root,
 )
-from spark_projections.source import EVENTS_SCHEMA, FORMAT, register, settings_options
+from spark_projections.source import EVENTS_SCHEMA, FORMAT, check_reachable, register, settings_options
 from spark_projections.stream import DEFAULT_MAX_EVENTS_PER_TRIGGER, offset_position
 
 __all__ = ["FollowError", "FollowStatus", "Follower", "batch_end", "follow", "follow_status", "status_path"]
@@ -230,6 +230,7 @@ def follow(
             "batches were written: the tables were deleted. Delete the checkpoint folder too, to build them again "
             "from the first event."
         )
+    check_reachable(spark, settings.nats_url)
     register(spark)
     reader = (
         spark.readStream.format(FORMAT)

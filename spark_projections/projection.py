@@ -85,6 +85,7 @@ from spark_projections.fold import (
     table_schema,
     value_column,
 )
+from spark_projections.ship import ship_code
 from spark_projections.source import read_events, stream_bounds
 
 __all__ = [
@@ -217,6 +218,7 @@ def rebuild(
     """
     high = last_position(settings) if to_position is None else to_position
     policy = error_policy_of(projection, error_policy)
+    ship_code(spark, user_code(projection, registry))
     return _rebuild(spark, projection, settings, table_root(root), registry, high, partitions, group_by, progress or _quiet,
                     policy)
 
@@ -245,6 +247,7 @@ def update(
     root = table_root(root)
     say = progress or _quiet
     policy = error_policy_of(projection, error_policy)
+    ship_code(spark, user_code(projection, registry))
     app_id = app_id_of(projection)
     high = last_position(settings) if to_position is None else to_position
     low = common_position(spark, projection, root)
@@ -313,6 +316,7 @@ def merge_events(
     root = table_root(root)
     say = progress or _quiet
     policy = error_policy_of(projection, error_policy)
+    ship_code(spark, user_code(projection, registry))
     app_id = app_id_of(projection)
     recorded = {recorded_position(spark, root / name, app_id) for name in table_names(projection)}
     if recorded == {None}:
@@ -339,6 +343,21 @@ def merge_events(
 
 Progress = Callable[[str], None]
 """Told each stage of a :func:`rebuild` or :func:`update` as it starts, in words."""
+
+
+def user_code(projection: AnyProjection, registry: TypeRegistry | None) -> list[object]:
+    """What the executors run of the user's: the projection, a DataFrame projection's functions, the event models
+    (``registry``'s and those the projection's handlers name); :func:`~spark_projections.ship.ship_code` ships them."""
+    objects: list[object] = [projection]
+    models = TypeRegistry()
+    if isinstance(projection, DataFrameProjection):
+        objects += [projection.build, *(how for how in (projection.combine or {}).values() if callable(how))]
+    else:
+        projection.register_events(models)
+    for known in (models, registry):
+        if known is not None:
+            objects += [model for model, _ in known.types().values()]
+    return objects
 
 
 def error_policy_of(projection: AnyProjection, given: ErrorPolicy | str | None) -> ErrorPolicy:

@@ -38,6 +38,7 @@ from spark_projections.jars import (
 )
 from spark_projections.java import check_java
 from spark_projections.settings import SparkSettings
+from spark_projections.ship import SHIP_CODE_CONF
 from spark_projections.source import register
 
 __all__ = [
@@ -116,6 +117,7 @@ def _conf(settings: SparkSettings, jars: dict[str, str]) -> dict[str, str]:
         "spark.pyspark.driver.python": sys.executable,
         "spark.sql.extensions": DELTA_EXTENSION,
         "spark.sql.catalog.spark_catalog": DELTA_CATALOG,
+        SHIP_CODE_CONF: "true" if settings.ship_code else "false",
     }
     if settings.master.startswith("local"):
         # Local mode never needs a routable address; binding to loopback avoids Spark

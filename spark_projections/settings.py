@@ -141,6 +141,10 @@ class SparkSettings(BaseSettings):
     """Any further Spark configuration; applied last, so it overrides the values above
     (``spark.jars``, ``spark.jars.packages`` and ``spark.sql.extensions`` are merged instead)."""
 
+    ship_code: bool = True
+    """Ship the projection's code (its top-level package or module, unless installed) to the executors before
+    the first job that needs it (:mod:`spark_projections.ship`); off when the executors have it installed."""
+
     trigger_s: PositiveFloat = 1.0
     """``follow``: a micro-batch starts every ``trigger_s`` seconds (once the previous one is done)."""
 
