@@ -292,6 +292,14 @@ _STORAGE_FAILED: Final = (
 )
 
 
+def _what_was_stored(resent: bool) -> str:
+    """What a failed append says of its sends: an unanswered earlier send may have been stored."""
+    if resent:
+        return ("An earlier send went unanswered and may have been stored: retry with the same idempotency key to "
+                "find out safely.")
+    return "Nothing was stored by this call."
+
+
 async def _back_off(tries: int) -> None:
     """Exponential back-off with jitter before resend number ``tries``."""
     await asyncio.sleep(0.05 * 2 ** (tries - 1) * random.uniform(0.5, 1.0))
@@ -679,14 +687,10 @@ class Appender:
                 raise problem
         if await wait.again():
             return
-        stored = (
-            " An earlier send went unanswered and may have been stored: retry with the same idempotency key to find "
-            "out safely." if resent else " Nothing was stored by this call."
-        )
         raise ServerUnavailableError(
             f"{what}: stream {self._settings.stream!r} had no leader for {self._settings.request_timeout_s}s (a leader "
-            f"election, or too few of its servers are up for a quorum).{stored} Retry; check the cluster's nodes if "
-            "it persists."
+            f"election, or too few of its servers are up for a quorum). {_what_was_stored(resent)} Retry; check the "
+            "cluster's nodes if it persists."
         )
 
     async def _stream_problem(self, what: str, timeout_s: float) -> StreamConfigError | None:
@@ -740,10 +744,7 @@ class Appender:
         it could not. Else a :class:`ServerUnavailableError`: the server lost the staged batch (restarts).
         """
         batch = f"the atomic append to {commits[-1].request.stream_id} and {len(commits) - 1} other entities"
-        stored = (
-            "An earlier send went unanswered and may have been stored: retry with the same idempotency key to find "
-            "out safely." if resent else "Nothing was stored."
-        )
+        stored = _what_was_stored(resent)
         if await self._storage_failed(commits):
             return StorageError(
                 f"The server answers, but refused {batch} as incomplete in {attempts} tries: {_STORAGE_FAILED} "
