@@ -86,6 +86,10 @@ class ConnectionSecurity(BaseModel):
         methods = ["user/password"] if self.user is not None or self.password is not None else []
         return methods + [name for name in ("token", "nkey_seed_file", "credentials_file") if getattr(self, name)]
 
+    def files(self) -> dict[str, Path]:
+        """The file settings that are set, by setting name: what must exist wherever a client connects."""
+        return {name: path for name in _FILES if (path := getattr(self, name)) is not None}
+
     def as_options(self) -> dict[str, str]:
         """The fields that are set, as strings, secrets included: the ``jetstream`` data source's options."""
         values = self.model_dump(include=set(ConnectionSecurity.model_fields), exclude_none=True)
@@ -118,8 +122,8 @@ def _pairing_problems(security: ConnectionSecurity) -> list[str]:
 def _missing_files(security: ConnectionSecurity) -> list[str]:
     return [
         f"{name} is {path}, but there is no file there (JETSOURCING_{name.upper()}): fix the path, or unset it."
-        for name in _FILES
-        if (path := getattr(security, name)) is not None and not path.is_file()
+        for name, path in security.files().items()
+        if not path.is_file()
     ]
 
 

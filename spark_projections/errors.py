@@ -17,6 +17,7 @@ __all__ = [
     "DeltaNotConfiguredError",
     "DuplicateKeysError",
     "EventSourceError",
+    "ExecutorSetupError",
     "JarsProblem",
     "JavaNotFoundError",
     "JavaTooOldError",
@@ -79,6 +80,7 @@ JarsProblem = Literal[
     "offline_dir_missing",
     "offline_jars_missing",
     "offline_jars_incompatible",
+    "jar_missing",
 ]
 """Why the Delta jars could not be made available (see :class:`DeltaJarsUnavailableError`)."""
 
@@ -93,7 +95,8 @@ class DeltaJarsUnavailableError(SparkProjectionError):
       artifact (usually a Delta version that was never published for this Spark);
     * ``offline_dir_missing`` / ``offline_jars_missing`` / ``offline_jars_incompatible`` -
       offline mode, the configured jars folder is absent, lacks the Delta jars, or holds
-      jars built for another Spark version.
+      jars built for another Spark version;
+    * ``jar_missing`` - a jar ``spark.jars`` lists is not where it says.
 
     ``jvm_output`` holds the relevant lines Spark printed, when the failure came from the JVM.
     """
@@ -183,3 +186,8 @@ class SchemaMismatchError(SparkProjectionError):
 
 class EventSourceError(SparkProjectionError):
     """The ``jetstream`` data source was misconfigured or could not read the stream."""
+
+
+class ExecutorSetupError(SparkProjectionError):
+    """Spark's executors lack something the driver has: a credential or TLS file at the settings' path, or a module
+    of the user's code (see :mod:`spark_projections.executors`). Nothing was written."""

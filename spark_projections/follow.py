@@ -51,6 +51,7 @@ from eventstore import EventStoreSettings, TypeRegistry
 from projections import ErrorPolicy
 from spark_projections.delta import recorded_position
 from spark_projections.errors import SparkProjectionError
+from spark_projections.executors import check_executor_files, check_reachable, executor_imports
 from spark_projections.projection import (
     AnyProjection,
     DataFrameProjection,
@@ -64,7 +65,7 @@ from spark_projections.projection import (
     table_names,
     table_root,
 )
-from spark_projections.source import EVENTS_SCHEMA, FORMAT, check_reachable, register, settings_options
+from spark_projections.source import EVENTS_SCHEMA, FORMAT, register, settings_options
 from spark_projections.stream import DEFAULT_MAX_EVENTS_PER_TRIGGER, offset_position
 
 __all__ = ["FollowError", "FollowStatus", "Follower", "batch_end", "follow", "follow_status", "status_path"]
@@ -231,6 +232,7 @@ def follow(
             "from the first event."
         )
     check_reachable(spark, settings.nats_url)
+    check_executor_files(spark, settings)
     register(spark)
     reader = (
         spark.readStream.format(FORMAT)
@@ -291,7 +293,8 @@ class _BatchWriter:
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         self.idle.clear()
         try:
-            self._write(df, batch_id)
+            with executor_imports(df.sparkSession):
+                self._write(df, batch_id)
         except BaseException as exc:
             self.error = exc  # Spark hands the query's caller a JVM wrapper of it; keep the original
             raise

@@ -39,6 +39,7 @@ __all__ = [
     "CACHE_MANIFEST",
     "SCALA_BINARY_VERSION",
     "cached_delta_jars",
+    "check_listed_jars",
     "delta_coordinate",
     "diagnose_launch_failure",
     "export_delta_jars",
@@ -156,6 +157,35 @@ def session_jars(spark: SparkSession) -> list[Path]:
             "nothing to export. Create the session in online mode (no delta_jars_dir) first."
         )
     return jars
+
+
+def check_listed_jars(listed: str) -> list[Path]:
+    """Check the jars a ``spark.jars`` value lists before a JVM starts with them; return its ``local:`` ones.
+
+    Spark only logs an error for a listed jar it cannot find and goes on
+    without it, so a wrong path surfaces later as Delta's classes missing. Every
+    entry that names a file on this machine (a plain path, ``file:`` or
+    ``local:``) must exist here: :class:`DeltaJarsUnavailableError`
+    (``jar_missing``). Spark hands the executors every listed jar except the
+    ``local:`` ones, which each executor reads from its own disk: those are
+    returned, for :func:`~spark_projections.executors.check_executor_jars`.
+    Remote entries (``hdfs:``, ``https:``...) are left to Spark.
+    """
+    local: list[Path] = []
+    for entry in (e.strip() for e in listed.split(",")):
+        scheme = urlparse(entry).scheme
+        if not entry or scheme not in ("", "file", "local"):
+            continue
+        path = _local_path(entry)
+        if not path.is_file():
+            raise DeltaJarsUnavailableError(
+                "jar_missing",
+                f"spark.jars lists {entry}, but there is no file at {path} on this machine (Spark would go on "
+                "without it). Fix the path in JETSOURCING_SPARK_EXTRA_CONF or the offline jars folder, or remove it.",
+            )
+        if scheme == "local":
+            local.append(path)
+    return local
 
 
 def export_delta_jars(spark: SparkSession, dest: Path) -> list[Path]:

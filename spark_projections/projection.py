@@ -85,6 +85,7 @@ from spark_projections.fold import (
     table_schema,
     value_column,
 )
+from spark_projections.executors import reports_missing_modules
 from spark_projections.ship import ship_code
 from spark_projections.source import read_events, stream_bounds
 
@@ -188,6 +189,7 @@ def table_names(projection: AnyProjection) -> list[str]:
 # -- running ---------------------------------------------------------------------------------------
 
 
+@reports_missing_modules
 def rebuild(
     spark: SparkSession,
     projection: AnyProjection,
@@ -223,6 +225,7 @@ def rebuild(
                     policy)
 
 
+@reports_missing_modules
 def update(
     spark: SparkSession,
     projection: AnyProjection,
@@ -285,6 +288,7 @@ def common_position(spark: SparkSession, projection: AnyProjection, root: str | 
     return recorded.pop() if len(recorded) == 1 else None
 
 
+@reports_missing_modules
 def merge_events(
     spark: SparkSession,
     projection: AnyProjection,

@@ -27,8 +27,10 @@ from pyspark.java_gateway import launch_gateway
 from pyspark.sql import SparkSession
 
 from spark_projections.errors import DeltaNotConfiguredError, SparkProjectionError, SparkStartupError
+from spark_projections.executors import check_executor_jars
 from spark_projections.jars import (
     cached_delta_jars,
+    check_listed_jars,
     delta_coordinate,
     diagnose_launch_failure,
     jars_cache_folder,
@@ -149,8 +151,11 @@ def spark_session(settings: SparkSettings | None = None) -> SparkSession:
     load (checked with :func:`ensure_delta`), and ``spark.read.format("jetstream")`` works
     (the data source is registered in the returned session). Raises, before any JVM starts,
     :class:`~spark_projections.errors.JavaNotFoundError` /
-    :class:`~spark_projections.errors.JavaTooOldError` and, in offline mode,
-    :class:`~spark_projections.errors.DeltaJarsUnavailableError`; when the JVM dies during
+    :class:`~spark_projections.errors.JavaTooOldError` and, in offline mode or when a jar
+    ``spark.jars`` lists is missing, :class:`~spark_projections.errors.DeltaJarsUnavailableError`;
+    with executors of their own, :class:`~spark_projections.errors.ExecutorSetupError` when a
+    ``local:`` jar is missing on one (see :func:`~spark_projections.executors.check_executor_jars`);
+    when the JVM dies during
     start-up, ``DeltaJarsUnavailableError`` (jar resolution) or
     :class:`~spark_projections.errors.SparkStartupError` with what the JVM printed; and
     :class:`~spark_projections.errors.DeltaNotConfiguredError` when the session came up
@@ -166,8 +171,10 @@ def spark_session(settings: SparkSettings | None = None) -> SparkSession:
     jars settings are not looked at.
     """
     settings = SparkSettings() if settings is None else settings
+    local_jars: list[Path] = []
     if SparkContext._gateway is None:
         conf = build_conf(settings)
+        local_jars = check_listed_jars(conf.get("spark.jars", ""))
         check_java()
         # Some Python workers (the data source planner's) are started by the JVM from
         # PYSPARK_PYTHON as it was at launch; without it they run python3 from PATH.
@@ -186,6 +193,7 @@ def spark_session(settings: SparkSettings | None = None) -> SparkSession:
     spark.sparkContext.setLogLevel(settings.log_level)
     _use_python_workers(spark, conf["spark.pyspark.python"])
     ensure_delta(spark)
+    check_executor_jars(spark, [str(jar) for jar in local_jars])
     register(spark)
     cache = _cache_folder(settings)
     if resolved_by_maven and cache is not None:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-__all__ = ["SHIP_CODE_CONF", "ship_code", "shipped_from"]
+__all__ = ["SHIP_CODE_CONF", "ship_code", "shipped_from", "shipped_to", "shipping"]
 
 SHIP_CODE_CONF = "spark.jetsourcing.shipCode"
 """The Spark conf that turns shipping off (``false``); on by default."""
@@ -63,7 +63,7 @@ def shipped_from(objects: Iterable[object]) -> dict[str, Path]:
 def ship_code(spark: SparkSession, objects: Iterable[object]) -> list[str]:
     """Give the executors the user code ``objects`` come from (see the module docs); returns the top-level names
     shipped by this call (none when they were shipped before, are installed, or shipping is off)."""
-    if (spark.conf.get(SHIP_CODE_CONF, "true") or "true").strip().lower() == "false":
+    if not shipping(spark):
         return []
     context = spark.sparkContext
     new: list[str] = []
@@ -76,6 +76,17 @@ def ship_code(spark: SparkSession, objects: Iterable[object]) -> list[str]:
             done.add(name)
             new.append(name)
     return new
+
+
+def shipping(spark: SparkSession) -> bool:
+    """Whether :func:`ship_code` ships anything in ``spark`` (``spark.jetsourcing.shipCode`` is not ``false``)."""
+    return (spark.conf.get(SHIP_CODE_CONF, "true") or "true").strip().lower() != "false"
+
+
+def shipped_to(spark: SparkSession) -> set[str]:
+    """The top-level names :func:`ship_code` has given ``spark``'s application so far."""
+    with _lock:
+        return set(_shipped.get(spark.sparkContext.applicationId, ()))
 
 
 def _zip(name: str, folder: Path) -> Path:

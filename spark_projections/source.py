@@ -64,10 +64,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 from collections.abc import Iterator, Sequence
 from typing import Any
-from urllib.parse import urlsplit
 
 from py4j.protocol import Py4JError
 import pyarrow as pa
@@ -77,11 +75,11 @@ from pyspark.sql.types import StructType
 
 from eventstore import EventStore, EventStoreError, EventStoreSettings, ServerUnavailableError
 from eventstore.jetstream import Subjects
-from eventstore.security import redact_url
 from spark_projections._batches import EVENTS_SCHEMA
 from spark_projections._options import DEFAULT_BATCH, Options
 from spark_projections._range_reader import open_connection, read_range
 from spark_projections.errors import EventSourceError
+from spark_projections.executors import check_executor_files, check_reachable
 from spark_projections.stream import StreamOptions, StreamReader
 
 __all__ = [
@@ -89,7 +87,6 @@ __all__ = [
     "FORMAT",
     "EventSourceError",
     "JetStreamDataSource",
-    "check_reachable",
     "read_events",
     "register",
     "settings_options",
@@ -234,6 +231,7 @@ def read_events(
             "read_events needs settings.nats_url (or NATS_URL): Spark executors must reach a running server."
         )
     check_reachable(spark, settings.nats_url)
+    check_executor_files(spark, settings)
     register(spark)
     reader = (
         spark.read.format(FORMAT)
@@ -253,29 +251,6 @@ def read_events(
             raise EventSourceError(f"Unknown event columns {unknown}; the columns are {EVENTS_SCHEMA.fieldNames()}.")
         reader = reader.schema(StructType([types[c] for c in columns]))
     return reader.load()
-
-
-_LOOPBACK = re.compile(r"^(localhost|127(\.\d{1,3}){3}|\[?::1\]?|0\.0\.0\.0)$", re.I)
-
-
-def check_reachable(spark: SparkSession, nats_url: str) -> None:
-    """Refuse a NATS URL only this host can reach when the executors may run on other hosts.
-
-    Executors read the stream themselves: under a master that is not ``local``
-    (``local[N]``, ``local-cluster[...]``), a URL whose every server is a
-    loopback address (an embedded server's ``nats://127.0.0.1:...``) points
-    each executor at its own host. Raises :class:`EventSourceError` saying so.
-    """
-    master = spark.sparkContext.master or ""
-    if master.startswith("local"):
-        return
-    hosts = [urlsplit(url.strip() if "://" in url else f"nats://{url.strip()}").hostname or "" for url in nats_url.split(",")]
-    if hosts and all(_LOOPBACK.match(host) for host in hosts):
-        raise EventSourceError(
-            f"The NATS URL {redact_url(nats_url)} is a loopback address, but Spark's master is {master!r}: executors "
-            "on other hosts would each look for a server on their own host. Give an address the executors can reach "
-            "(NATS_URL=nats://<host>:4222), or run with a local master."
-        )
 
 
 def settings_options(settings: EventStoreSettings) -> dict[str, str]:

@@ -1,6 +1,5 @@
 """What jetsourcing ships to the executors (the user's own, uninstalled code; never what is installed), once per
-Spark application, unless told not to; and the preflight that refuses a loopback NATS URL under a cluster master.
-The cluster itself is in test_cluster.py."""
+Spark application, unless told not to. The preflight checks are in test_executors.py, the cluster in test_cluster.py."""
 
 from __future__ import annotations
 
@@ -14,9 +13,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from projections import Projection
-from spark_projections.errors import EventSourceError
 from spark_projections.ship import SHIP_CODE_CONF, ship_code, shipped_from
-from spark_projections.source import check_reachable
 
 
 def make_package(root: Path, name: str) -> None:
@@ -81,26 +78,6 @@ def test_shipping_zips_the_package_once_per_application_and_can_be_turned_off(
     with zipfile.ZipFile(archive) as zipped:
         names = sorted(zipped.namelist())
     assert names == [f"{top}/__init__.py", f"{top}/sub/__init__.py", f"{top}/sub/views.py"]  # no compiled files
-
-
-@pytest.mark.parametrize("url", ["nats://127.0.0.1:4222", "nats://localhost:4222", "nats://[::1]:4222",
-                                 "127.0.0.1:4222", "nats://127.0.0.1:4222,nats://localhost:4223",
-                                 "tls://user:secret@127.0.0.2:4222"])
-def test_a_loopback_url_is_refused_under_a_cluster_master(url: str) -> None:
-    spark = SimpleNamespace(sparkContext=SimpleNamespace(master="spark://host:7077"))
-    with pytest.raises(EventSourceError, match="is a loopback address, but Spark's master is 'spark://host:7077'") as refused:
-        check_reachable(spark, url)  # type: ignore[arg-type]
-    assert "secret" not in str(refused.value)
-
-
-@pytest.mark.parametrize(("master", "url"), [
-    ("local[2]", "nats://127.0.0.1:4222"),
-    ("local-cluster[2,1,1024]", "nats://127.0.0.1:4222"),  # executors on this host
-    ("spark://host:7077", "nats://nats.internal:4222"),
-    ("yarn", "nats://127.0.0.1:4222,nats://10.0.0.5:4222"),  # one server the executors can reach
-])
-def test_a_reachable_url_or_a_local_master_passes(master: str, url: str) -> None:
-    check_reachable(SimpleNamespace(sparkContext=SimpleNamespace(master=master)), url)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(("value", "conf"), [(None, "true"), ("false", "false"), ("0", "false"), ("true", "true")])
