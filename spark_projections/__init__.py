@@ -19,6 +19,7 @@ run in Spark), ``delta.py`` and ``session.py``. Modules, one job each:
 * :mod:`spark_projections.delta` - ``full_rebuild`` / ``incremental_merge`` into Delta,
   exactly once per stream position, and ``recorded_position`` / ``table_history``;
 * :mod:`spark_projections.ship` - the user's projection code shipped to the executors;
+* :mod:`spark_projections.executors` - the driver's preflight of what executors need (a reachable URL, files, jars, modules);
 * :mod:`spark_projections.jars` - where the Delta jars come from (Maven or offline folder);
 * :mod:`spark_projections.java` - the Java 17+ check done before a JVM starts;
 * :mod:`spark_projections.errors` - the typed errors, each with a user-facing remedy;
@@ -44,6 +45,7 @@ from .errors import (
     DeltaNotConfiguredError,
     DuplicateKeysError,
     EventSourceError,
+    ExecutorSetupError,
     JavaNotFoundError,
     JavaTooOldError,
     SchemaMismatchError,
@@ -68,6 +70,7 @@ __all__ = [
     "DuplicateKeysError",
     "EVENTS_SCHEMA",
     "EventSourceError",
+    "ExecutorSetupError",
     "FoldConstraintError",
     "FollowError",
     "FollowStatus",
