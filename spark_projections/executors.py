@@ -24,7 +24,7 @@ import os
 import re
 import socket
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial, wraps
 from typing import Concatenate, ParamSpec, TypeVar
@@ -92,7 +92,7 @@ def check_executor_files(spark: SparkSession, settings: EventStoreSettings) -> N
     directory, which is not the driver's. Nothing is checked under a ``local``
     master, whose executors share the driver's files (the settings checked them).
     """
-    found = _missing_on_executors(spark, {name: str(path) for name, path in settings.files().items()})
+    found = _missing_on_executors(spark, [(name, str(path)) for name, path in settings.files().items()])
     if found:
         raise ExecutorSetupError(_missing_files_message(
             "The executors read the stream with the settings' files, each where it runs, but", found,
@@ -109,7 +109,7 @@ def check_executor_jars(spark: SparkSession, jars: Sequence[str]) -> None:
     Delta job fails in the executors. Checked as :func:`check_executor_files`
     checks files: :class:`ExecutorSetupError` names the jars missing and where.
     """
-    found = _missing_on_executors(spark, {f"spark.jars local:{jar}": jar for jar in jars})
+    found = _missing_on_executors(spark, [("the local: jar", jar) for jar in jars])
     if found:
         raise ExecutorSetupError(_missing_files_message(
             "A local: jar is read from each executor's own disk, but", found,
@@ -118,13 +118,13 @@ def check_executor_jars(spark: SparkSession, jars: Sequence[str]) -> None:
         ))
 
 
-def _missing_on_executors(spark: SparkSession, files: Mapping[str, str]) -> list[tuple[str, str, str]]:
-    """(host, name, path) for each of ``files`` some executor cannot read: one task per executor core, once per
+def _missing_on_executors(spark: SparkSession, files: Sequence[tuple[str, str]]) -> list[tuple[str, str, str]]:
+    """(host, name, path) for each of ``files`` (name, path) some executor cannot read: one task per executor core, once per
     application and set of files. Nothing is looked for (and [] returned) without executors of their own."""
     if not files or not separate_executors(spark):
         return []
     context = spark.sparkContext
-    key = (context.applicationId, tuple(sorted(files.items())))
+    key = (context.applicationId, tuple(sorted(files)))
     with _lock:
         if key in _checked:
             return []
@@ -138,10 +138,10 @@ def _missing_on_executors(spark: SparkSession, files: Mapping[str, str]) -> list
     return found
 
 
-def _missing_here(files: Mapping[str, str], _: Iterable[int]) -> Iterator[tuple[str, str, str]]:
+def _missing_here(files: Sequence[tuple[str, str]], _: Iterable[int]) -> Iterator[tuple[str, str, str]]:
     """In an executor: (host, setting, path) for each of ``files`` this host cannot read."""
     host = socket.gethostname()
-    for name, path in files.items():
+    for name, path in files:
         if not (os.path.isfile(path) and os.access(path, os.R_OK)):
             yield host, name, path
 

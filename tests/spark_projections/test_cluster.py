@@ -97,7 +97,7 @@ async def test_the_readme_spark_submit_line_runs_an_uninstalled_projection_on_se
     assert "credentials_file app.creds (a relative path, looked up from each executor's working directory" \
         in out["relative_creds"], out
     assert out["absolute_creds"] == "not refused"
-    assert "spark.jars local:jars/delta-extra.jar jars/delta-extra.jar (a relative path" in out["local_jar"], out
+    assert "the local: jar jars/delta-extra.jar (a relative path" in out["local_jar"], out
     assert "cannot import 'wallet_views' (ModuleNotFoundError): shipping the projection's code to the executors " \
         "is off" in out["unshipped"], out  # the executors have only what is shipped
     last = await store.last_position()

@@ -20,7 +20,7 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 from eventstore import EventStoreSettings
-from spark_projections import follow, rebuild, update
+from spark_projections import follow, read_events, rebuild, update
 from spark_projections.errors import ExecutorSetupError
 from spark_projections.executors import check_executor_files, check_executor_jars
 from spark_projections.ship import SHIP_CODE_CONF
@@ -49,7 +49,7 @@ def main(root: str) -> None:
     Path("app.creds").write_text(
         "-----BEGIN NATS USER JWT-----\nx\n------END NATS USER JWT------\n-----BEGIN USER NKEY SEED-----\nSU\n")
     relative = settings.model_copy(update={"credentials_file": Path("app.creds")})
-    out["relative_creds"] = refused(check_executor_files, spark, relative)
+    out["relative_creds"] = refused(read_events, spark, relative)  # before anything connects
     out["absolute_creds"] = refused(check_executor_files, spark, relative.model_copy(
         update={"credentials_file": Path("app.creds").absolute()}))
     out["local_jar"] = refused(check_executor_jars, spark, ["jars/delta-extra.jar"])
