@@ -51,7 +51,7 @@ from eventstore import EventStoreSettings, TypeRegistry
 from projections import ErrorPolicy
 from spark_projections.delta import recorded_position
 from spark_projections.errors import SparkProjectionError
-from spark_projections.executors import check_executor_files, check_reachable, executor_imports
+from spark_projections.executors import check_executor_files, check_reachable
 from spark_projections.projection import (
     AnyProjection,
     DataFrameProjection,
@@ -293,8 +293,7 @@ class _BatchWriter:
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         self.idle.clear()
         try:
-            with executor_imports(df.sparkSession):
-                self._write(df, batch_id)
+            self._write(df, batch_id)
         except BaseException as exc:
             self.error = exc  # Spark hands the query's caller a JVM wrapper of it; keep the original
             raise

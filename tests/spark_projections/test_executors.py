@@ -12,10 +12,11 @@ from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 
 from eventstore import EventStore, EventStoreSettings
-from spark_projections import DeltaJarsUnavailableError, rebuild
+from spark_projections import DeltaJarsUnavailableError, follow, rebuild
 from spark_projections.errors import EventSourceError, ExecutorSetupError
 from spark_projections.executors import check_executor_files, check_reachable, separate_executors
 from spark_projections.jars import check_listed_jars
@@ -167,3 +168,20 @@ async def test_a_module_the_projection_imports_from_elsewhere_is_named_as_not_sh
     message = str(refused.value)
     assert f"cannot import 'helper_{suffix}' (ModuleNotFoundError)" in message
     assert f"Install 'helper_{suffix}' on every executor" in message
+
+
+async def test_a_follower_whose_executors_cannot_import_the_projection_keeps_the_named_error(
+    spark: SparkSession, store: EventStore, tmp_path: Path, modules: object
+) -> None:
+    suffix = uuid.uuid4().hex[:8]
+    views = uninstalled(tmp_path, f"views_{suffix}", VIEWS.format(imports="", suffix=suffix, text="event.data.text"))
+    await noted(store, views.Noted)
+    spark.conf.set(SHIP_CODE_CONF, "false")
+    try:
+        follower = follow(spark, views.Notes(), store.settings, tmp_path / "lake", available_now=True)
+        with pytest.raises(StreamingQueryException):
+            follower.await_termination(120)
+    finally:
+        spark.conf.unset(SHIP_CODE_CONF)
+    assert isinstance(follower.error, ExecutorSetupError)
+    assert f"cannot import 'views_{suffix}' (ModuleNotFoundError)" in str(follower.error)
