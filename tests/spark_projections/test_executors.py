@@ -5,7 +5,7 @@ executors of their own (files and jars missing there) runs in test_cluster.py.""
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 import uuid
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
@@ -136,22 +136,30 @@ async def noted(store: EventStore, model: type) -> None:
     await store.append(StreamId("Note", "n1"), [model(text="hello")])
 
 
-async def test_an_executor_that_cannot_import_the_projection_says_that_shipping_is_off(
+@pytest.fixture
+async def unshipped(
     spark: SparkSession, store: EventStore, tmp_path: Path, modules: object
-) -> None:
-    suffix = uuid.uuid4().hex[:8]
-    views = uninstalled(tmp_path, f"views_{suffix}", VIEWS.format(imports="", suffix=suffix, text="event.data.text"))
+) -> AsyncIterator[ModuleType]:
+    """A projection module of the user's (``views_<suffix>``), its event in the stream, and shipping off."""
+    views = uninstalled(tmp_path, f"views_{uuid.uuid4().hex[:8]}", VIEWS.format(
+        imports="", suffix=uuid.uuid4().hex[:8], text="event.data.text"))
     await noted(store, views.Noted)
     spark.conf.set(SHIP_CODE_CONF, "false")
     try:
-        with pytest.raises(ExecutorSetupError) as refused:
-            rebuild(spark, views.Notes(), store.settings, tmp_path / "lake")
+        yield views
     finally:
         spark.conf.unset(SHIP_CODE_CONF)
+
+
+def test_an_executor_that_cannot_import_the_projection_says_that_shipping_is_off(
+    spark: SparkSession, store: EventStore, tmp_path: Path, unshipped: ModuleType
+) -> None:
+    with pytest.raises(ExecutorSetupError) as refused:
+        rebuild(spark, unshipped.Notes(), store.settings, tmp_path / "lake")
     message = str(refused.value)
-    assert f"cannot import 'views_{suffix}' (ModuleNotFoundError)" in message
+    assert f"cannot import '{unshipped.__name__}' (ModuleNotFoundError)" in message
     assert "shipping the projection's code to the executors is off (spark.jetsourcing.shipCode=false" in message
-    assert not (tmp_path / "lake" / f"notes_{suffix}").exists()  # nothing written
+    assert not (tmp_path / "lake").exists()  # nothing written
 
 
 async def test_a_module_the_projection_imports_from_elsewhere_is_named_as_not_shipped(
@@ -170,18 +178,11 @@ async def test_a_module_the_projection_imports_from_elsewhere_is_named_as_not_sh
     assert f"Install 'helper_{suffix}' on every executor" in message
 
 
-async def test_a_follower_whose_executors_cannot_import_the_projection_keeps_the_named_error(
-    spark: SparkSession, store: EventStore, tmp_path: Path, modules: object
+def test_a_follower_whose_executors_cannot_import_the_projection_keeps_the_named_error(
+    spark: SparkSession, store: EventStore, tmp_path: Path, unshipped: ModuleType
 ) -> None:
-    suffix = uuid.uuid4().hex[:8]
-    views = uninstalled(tmp_path, f"views_{suffix}", VIEWS.format(imports="", suffix=suffix, text="event.data.text"))
-    await noted(store, views.Noted)
-    spark.conf.set(SHIP_CODE_CONF, "false")
-    try:
-        follower = follow(spark, views.Notes(), store.settings, tmp_path / "lake", available_now=True)
-        with pytest.raises(StreamingQueryException):
-            follower.await_termination(120)
-    finally:
-        spark.conf.unset(SHIP_CODE_CONF)
+    follower = follow(spark, unshipped.Notes(), store.settings, tmp_path / "lake", available_now=True)
+    with pytest.raises(StreamingQueryException):
+        follower.await_termination(120)
     assert isinstance(follower.error, ExecutorSetupError)
-    assert f"cannot import 'views_{suffix}' (ModuleNotFoundError)" in str(follower.error)
+    assert f"cannot import '{unshipped.__name__}' (ModuleNotFoundError)" in str(follower.error)
