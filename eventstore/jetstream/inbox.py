@@ -56,9 +56,11 @@ class Inbox:
         if entry is None:
             return
         msgs, future, many, _ = entry
-        msgs.append(msg)
         if future.done():
+            # A second answer to one request (during a JetStream leader election more than one server may answer
+            # an API request): the caller already holds the list, which must not grow under it.
             return
+        msgs.append(msg)
         if not many or (msg.headers and Header.STATUS in msg.headers):
             future.set_result(msgs)
 
