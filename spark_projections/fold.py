@@ -26,13 +26,14 @@ from __future__ import annotations
 import time
 import traceback
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from itertools import groupby
 from typing import Any
 
 import pyarrow as pa
 from pyspark import Accumulator
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     BinaryType,
@@ -56,12 +57,13 @@ __all__ = [
     "DELETED",
     "FAILURE_SCHEMA",
     "FoldConstraintError",
+    "FoldSummary",
     "GROUP_COLUMN",
     "HandlerFailedError",
     "TABLE",
     "bound_registry",
-    "check_one_writer",
     "fold_events",
+    "fold_summary",
     "fold_tables",
     "handler_failures",
     "split_tables",
@@ -272,24 +274,44 @@ def handler_failures(folded: DataFrame) -> DataFrame:
     )
 
 
-def check_one_writer(projection: Projection, tables: Mapping[str, DataFrame], group_by: str) -> None:
-    """Raise :class:`FoldConstraintError` when rows of one key were written while folding several groups."""
-    for table in projection.tables:
-        keys = [F.col(f"`{k}`") for k in table.key]
-        clashes = (
-            tables[table.name]
-            .groupBy(*keys)
-            .agg(F.count(F.lit(1)).alias("rows"), F.collect_set(GROUP_COLUMN).alias("groups"))
-            .where(F.col("rows") > 1)
-            .limit(3)
-            .collect()
+@dataclass(frozen=True)
+class FoldSummary:
+    """What a fold's output is checked for before any table changes (:func:`fold_summary`)."""
+
+    failures: int
+    """How many handler failures it holds."""
+    earliest: Row | None
+    """The earliest of them (a row of :data:`FAILURE_SCHEMA`), None without failures."""
+    clashes: list[Row]
+    """Up to three keys emitted by several groups, of the first table that has any: each with the table's index
+    (``TABLE``), the key's value columns (:func:`value_column`) and the sorted ``groups``."""
+
+
+def fold_summary(projection: Projection, folded: DataFrame) -> FoldSummary:
+    """The handler failures and the keys emitted by several groups of a fold's output, from one query."""
+    keys = [F.col(value_column(i, k)) for i, table in enumerate(projection.tables) for k in table.key]
+    # A failure's key columns are null: the failures make one group of their own, table -1, which the ordering
+    # puts first; the ordered take is one job over the groups, without another shuffle.
+    found = (
+        folded.groupBy(F.col(TABLE), *keys)
+        .agg(
+            F.count(F.lit(1)).alias("rows"),
+            F.array_sort(F.collect_set(GROUP_COLUMN)).alias("groups"),
+            F.min_by(F.struct(*[F.col(_failure_column(f.name)).alias(f.name) for f in FAILURE_SCHEMA.fields]),
+                     F.struct(_failure_column("position"), _failure_column("index"))).alias("earliest"),
         )
-        if clashes:
-            examples = [
-                (row[0] if len(table.key) == 1 else tuple(row[: len(table.key)]), sorted(row["groups"]))
-                for row in clashes
-            ]
-            raise FoldConstraintError(projection.name, table.name, group_by, examples)
+        .where((F.col(TABLE) == _FAILED) | (F.col("rows") > 1))
+        .orderBy(TABLE)
+        .limit(4)
+        .collect()
+    )
+    failed = [row for row in found if row[TABLE] == _FAILED]
+    clashes = [row for row in found if row[TABLE] != _FAILED][:3]
+    return FoldSummary(
+        failures=failed[0]["rows"] if failed else 0,
+        earliest=failed[0]["earliest"] if failed else None,
+        clashes=[row for row in clashes if row[TABLE] == clashes[0][TABLE]],
+    )
 
 
 class _GroupFolder:

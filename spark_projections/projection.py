@@ -75,10 +75,11 @@ from spark_projections.fold import (
     GROUP_COLUMN,
     TABLE,
     FoldConstraintError,
+    FoldSummary,
     HandlerFailedError,
     bound_registry,
-    check_one_writer,
     fold_events,
+    fold_summary,
     fold_tables,
     handler_failures,
     split_tables,
@@ -433,9 +434,10 @@ def _rebuild_from(
     folded = fold_events(projection, events, registry, group_by, None, counter, policy=policy)
     folded = folded.persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        _handle_failures(projection, folded, root, app_id, high, policy, replace=True)
+        summary = fold_summary(projection, folded)
+        _handle_failures(projection, folded, summary, root, app_id, high, policy, replace=True)
+        _check_clashes(projection, summary, group_by)
         tables = split_tables(projection, folded)
-        check_one_writer(projection, tables, group_by)
         results = {}
         for name, frame in tables.items():
             say(f"writing table {name} (one Delta commit)")
@@ -464,8 +466,6 @@ def _merge_fold(
     handled = events.where(F.col("type").isin(sorted(projection.handled_types))).persist(StorageLevel.MEMORY_AND_DISK)
     folded: DataFrame | None = None
     try:
-        if handled.isEmpty():  # reads as little as it takes; what it read stays cached for the fold
-            return ProjectionRun(projection.name, app_id, "noop", low + 1, low)
         affected = handled.select(F.col(group_by).cast("string").alias(GROUP_COLUMN)).distinct()
         if high - low <= _BROADCAST_POSITIONS:
             # Each position adds at most one group (a commit is one stream's): few enough to
@@ -482,8 +482,11 @@ def _merge_fold(
         folded = folded.persist(StorageLevel.MEMORY_AND_DISK)
         # Computed in full once, before the first table changes; should Spark recompute a
         # lost partition later, the pinned table versions above give it the same start state.
-        _handle_failures(projection, folded, root, app_id, high, policy, replace=False)
-        _check_fold(projection, folded, group_by)
+        summary = fold_summary(projection, folded)
+        if not counter.value:  # the summary folded every new event: none was handled (a recount cannot make 0)
+            return ProjectionRun(projection.name, app_id, "noop", low + 1, low)
+        _handle_failures(projection, folded, summary, root, app_id, high, policy, replace=False)
+        _check_clashes(projection, summary, group_by)
         tables = split_tables(projection, folded)
         results = {}
         for table in projection.tables:
@@ -498,50 +501,44 @@ def _merge_fold(
     return ProjectionRun(projection.name, app_id, "merge", low + 1, high, results, counter.value)
 
 
-def _check_fold(projection: Projection, folded: DataFrame, group_by: str) -> None:
-    """Make sure no two groups emitted one row (a Spark job).
+def _check_clashes(projection: Projection, summary: FoldSummary, group_by: str) -> None:
+    """Make sure no two groups emitted one row, as ``summary`` (:func:`fold_summary`) lists them.
 
     Within a group the store holds one row per key, so a key emitted twice (alive or
     deleted) was written by two groups: :class:`FoldConstraintError`. A :func:`rebuild`
-    would refuse the same history, unless one group deleted the row before the other
-    wrote it; a merge refuses that too, as it cannot tell who owns the row.
+    emits no deleted rows; a merge also refuses a row one group deleted and another wrote,
+    as it cannot tell who owns the row.
     """
-    keys = {i: [value_column(i, k) for k in table.key] for i, table in enumerate(projection.tables)}
-    every_key = [F.col(c) for columns in keys.values() for c in columns]
-    clashes = (
-        folded.where(F.col(TABLE) >= 0)
-        .groupBy(F.col(TABLE), *every_key)
-        .agg(F.count(F.lit(1)).alias("rows"), F.array_sort(F.collect_set(GROUP_COLUMN)).alias("groups"))
-        .where(F.col("rows") > 1)
-        .limit(3)
-        .collect()
-    )
-    if clashes:
-        index = clashes[0][TABLE]
-        examples = [
-            (row[keys[index][0]] if len(keys[index]) == 1 else tuple(row[c] for c in keys[index]), list(row["groups"]))
-            for row in clashes
-            if row[TABLE] == index
-        ]
-        raise FoldConstraintError(projection.name, projection.tables[index].name, group_by, examples)
+    if not summary.clashes:
+        return
+    index = summary.clashes[0][TABLE]
+    keys = [value_column(index, k) for k in projection.tables[index].key]
+    examples = [
+        (row[keys[0]] if len(keys) == 1 else tuple(row[c] for c in keys), list(row["groups"]))
+        for row in summary.clashes
+    ]
+    raise FoldConstraintError(projection.name, projection.tables[index].name, group_by, examples)
 
 
 def _handle_failures(
-    projection: Projection, folded: DataFrame, root: Path, app_id: str, high: int, policy: ErrorPolicy, *, replace: bool
+    projection: Projection,
+    folded: DataFrame,
+    summary: FoldSummary,
+    root: Path,
+    app_id: str,
+    high: int,
+    policy: ErrorPolicy,
+    *,
+    replace: bool,
 ) -> None:
-    """Apply the error policy to the fold's handler failures before any table changes: under ``stop`` raise
-    :class:`HandlerFailedError` for the earliest; under ``dead_letter`` write them to the dead-letter table, in
-    place of its rows (``replace``, a rebuild) or added to them, recorded at ``high`` as every table is."""
-    failures = handler_failures(folded)
-    # One aggregation, not a sort: the count and the earliest failure in a single small job.
-    summary = failures.agg(
-        F.count(F.lit(1)).alias("failures"),
-        F.min_by(F.struct(*failures.columns), F.struct("position", "index")).alias("earliest"),
-    ).first()
-    assert summary is not None
-    count, earliest = int(summary["failures"]), summary["earliest"]
-    if count and policy is ErrorPolicy.STOP:
+    """Apply the error policy to the fold's handler failures, as ``summary`` (:func:`fold_summary`) counts them, before
+    any table changes: under ``stop`` raise :class:`HandlerFailedError` for the earliest; under ``dead_letter`` write
+    them to the dead-letter table, in place of its rows (``replace``, a rebuild) or added to them, recorded at
+    ``high`` as every table is."""
+    count, earliest = summary.failures, summary.earliest
+    if earliest is not None and policy is ErrorPolicy.STOP:
         raise HandlerFailedError(projection.name, earliest.asDict(), count)
+    failures = handler_failures(folded)
     path = root / DEAD_LETTERS_TABLE
     if replace and (count or table_version(folded.sparkSession, path) >= 0):
         full_rebuild(failures, path, app_id=app_id, position=high)

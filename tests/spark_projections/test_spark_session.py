@@ -38,6 +38,7 @@ def test_build_conf_online_mode(tmp_path: Path) -> None:
     assert "spark.jars" not in conf
     assert conf["spark.driver.bindAddress"] == "127.0.0.1"
     assert conf["spark.databricks.delta.snapshotPartitions"] == "2"
+    assert conf["spark.sql.codegen.cache.maxEntries"] == "1000"
 
 
 def test_extra_conf_overrides_but_list_keys_merge() -> None:

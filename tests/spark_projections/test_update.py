@@ -24,6 +24,7 @@ from projection_examples import (  # noqa: E402
     AccountBalances,
     AccountClosed,
     AccountOpened,
+    Corrupted,
     Deposited,
     Withdrawn,
     register_all,
@@ -82,6 +83,13 @@ async def test_an_update_folds_and_rewrites_only_the_rows_its_events_touch(
     with spark_jobs(spark) as jobs:
         assert update(spark, projection, store.settings, root).mode == "noop"
     assert jobs == []
+
+    # New events, none of them handled: nothing is written, and the tables stay at their position.
+    second = run.position
+    await store.append(StreamId("Account", "acc-05"), [Corrupted(detail="not handled here")])
+    run = update(spark, projection, store.settings, root)
+    assert (run.mode, run.position, run.tables) == ("noop", second, {})
+    assert [len(table_history(spark, root / name)) for name in ("balances", "closures")] == [2, 2]
 
 
 class Owners(Projection):
