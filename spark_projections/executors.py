@@ -10,9 +10,10 @@ checks fail first, with one :class:`ExecutorSetupError` (or
 :class:`~spark_projections.errors.EventSourceError` for the URL) that says
 what to do:
 
-* :func:`check_reachable` - a NATS URL only the driver's host can reach;
-* :func:`check_executor_files` - credential and TLS files missing where the
-  executors look for them (one small Spark job, once per application);
+* :func:`preflight` - both checks of what the executors read the stream with:
+  :func:`check_reachable` (a NATS URL only the driver's host can reach) and
+  :func:`check_executor_files` (credential and TLS files missing where the
+  executors look for them: one small Spark job, once per application);
 * :func:`check_executor_jars` - ``local:`` jars missing on the executors' disks;
 * :func:`executor_imports` - the executors' ``ModuleNotFoundError`` turned into
   one that names the module and the way to get it there.
@@ -30,6 +31,8 @@ from functools import partial, wraps
 from typing import Concatenate, ParamSpec, TypeVar
 from urllib.parse import urlsplit
 
+from py4j.protocol import Py4JJavaError
+from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 
 from eventstore import EventStoreSettings
@@ -42,6 +45,7 @@ __all__ = [
     "check_executor_jars",
     "check_reachable",
     "executor_imports",
+    "preflight",
     "reports_missing_modules",
     "separate_executors",
 ]
@@ -78,6 +82,17 @@ def check_reachable(spark: SparkSession, nats_url: str) -> None:
             "on other hosts would each look for a server on their own host. Give an address the executors can reach "
             "(NATS_URL=nats://<host>:4222), or run with a local master."
         )
+
+
+def preflight(spark: SparkSession, settings: EventStoreSettings) -> None:
+    """Check, before a read of the stream starts, that ``spark``'s executors can open it with ``settings``.
+
+    Runs :func:`check_reachable` on the settings' URL, then
+    :func:`check_executor_files`: the first problem found is raised.
+    """
+    if settings.nats_url is not None:
+        check_reachable(spark, settings.nats_url)
+    check_executor_files(spark, settings)
 
 
 def check_executor_files(spark: SparkSession, settings: EventStoreSettings) -> None:
@@ -166,13 +181,12 @@ def executor_imports(spark: SparkSession) -> Iterator[None]:
     The error names the module and says how to get it to the executors: turn
     shipping on when it is off (``spark.jetsourcing.shipCode``), or install the
     module there when it is installed code, which is not shipped. Any other
-    error passes unchanged.
+    error passes unchanged, as does a ``ModuleNotFoundError`` on the driver
+    (only the errors Spark hands over from its workers are read).
     """
     try:
         yield
-    except ExecutorSetupError:
-        raise
-    except Exception as exc:  # the executors' error, as py4j or PySpark hands it over
+    except (PySparkException, Py4JJavaError) as exc:  # the executors' error, as PySpark or py4j hands it over
         found = _MISSING_MODULE.search(str(exc))
         if found is None:
             raise

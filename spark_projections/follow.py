@@ -51,7 +51,7 @@ from eventstore import EventStoreSettings, TypeRegistry
 from projections import ErrorPolicy
 from spark_projections.delta import recorded_position
 from spark_projections.errors import SparkProjectionError
-from spark_projections.executors import check_executor_files, check_reachable
+from spark_projections.executors import preflight
 from spark_projections.projection import (
     AnyProjection,
     DataFrameProjection,
@@ -231,8 +231,7 @@ def follow(
             "batches were written: the tables were deleted. Delete the checkpoint folder too, to build them again "
             "from the first event."
         )
-    check_reachable(spark, settings.nats_url)
-    check_executor_files(spark, settings)
+    preflight(spark, settings)
     register(spark)
     reader = (
         spark.readStream.format(FORMAT)

@@ -79,7 +79,7 @@ from spark_projections._batches import EVENTS_SCHEMA
 from spark_projections._options import DEFAULT_BATCH, Options
 from spark_projections._range_reader import open_connection, read_range
 from spark_projections.errors import EventSourceError
-from spark_projections.executors import check_executor_files, check_reachable
+from spark_projections.executors import preflight
 from spark_projections.stream import StreamOptions, StreamReader
 
 __all__ = [
@@ -230,8 +230,7 @@ def read_events(
         raise EventSourceError(
             "read_events needs settings.nats_url (or NATS_URL): Spark executors must reach a running server."
         )
-    check_reachable(spark, settings.nats_url)
-    check_executor_files(spark, settings)
+    preflight(spark, settings)
     register(spark)
     reader = (
         spark.read.format(FORMAT)

@@ -5,8 +5,8 @@ executors of their own (files and jars missing there) runs in test_cluster.py.""
 from __future__ import annotations
 
 import sys
-from collections.abc import AsyncIterator, Callable
 import uuid
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any
@@ -18,7 +18,7 @@ from pyspark.sql import SparkSession
 from eventstore import EventStore, EventStoreSettings
 from spark_projections import DeltaJarsUnavailableError, follow, rebuild
 from spark_projections.errors import EventSourceError, ExecutorSetupError
-from spark_projections.executors import check_executor_files, check_reachable, separate_executors
+from spark_projections.executors import check_executor_files, check_reachable, executor_imports, separate_executors
 from spark_projections.jars import check_listed_jars
 from spark_projections.ship import SHIP_CODE_CONF
 
@@ -186,3 +186,9 @@ def test_a_follower_whose_executors_cannot_import_the_projection_keeps_the_named
         follower.await_termination(120)
     assert isinstance(follower.error, ExecutorSetupError)
     assert f"cannot import '{unshipped.__name__}' (ModuleNotFoundError)" in str(follower.error)
+
+
+def test_a_module_missing_on_the_driver_is_not_taken_for_an_executors(spark: SparkSession) -> None:
+    # Only the errors Spark hands over from its workers are read: the driver's own import error passes unchanged.
+    with pytest.raises(ModuleNotFoundError, match="no_such_module"), executor_imports(spark):
+        import no_such_module  # type: ignore[import-not-found]  # noqa: F401
