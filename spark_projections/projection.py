@@ -86,7 +86,7 @@ from spark_projections.fold import (
     table_schema,
     value_column,
 )
-from spark_projections.executors import reports_missing_modules
+from spark_projections.executors import reports_missing_modules, separate_executors
 from spark_projections.ship import ship_code
 from spark_projections.source import read_events, stream_bounds
 
@@ -481,10 +481,12 @@ def _merge_fold(
         # Computed once, before the first table changes, and cut from its lineage (a local
         # checkpoint, not a cache): the summary and each MERGE read these rows as they are.
         # A cached fold cost 0.2-0.3 s more per update: Delta's MERGE copies a cached source
-        # again before it starts, and AQE plans the cached query anew for each reader. A lost
-        # executor fails the update instead of recomputing the fold (no table it has not
-        # committed to changes); the blocks go with the DataFrame (Spark's ContextCleaner).
-        folded = folded.localCheckpoint(eager=False)
+        # again before it starts, and AQE plans the cached query anew for each reader. Without
+        # a lineage a lost block cannot be recomputed, and a lost executor between two tables'
+        # MERGEs would leave them at different positions: on a cluster each block is kept on
+        # two executors. The blocks go with the DataFrame (Spark's ContextCleaner).
+        kept = StorageLevel.MEMORY_AND_DISK_2 if separate_executors(spark) else StorageLevel.MEMORY_AND_DISK
+        folded = folded.localCheckpoint(eager=False, storageLevel=kept)
         summary = fold_summary(projection, folded)
         if not counter.value:  # the summary folded every new event: none was handled (a recount cannot make 0)
             return ProjectionRun(projection.name, app_id, "noop", low + 1, low)
