@@ -85,6 +85,10 @@ METADATA_WRITE_ID = "jetsourcing.write_id"
 TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
 USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
+# Delta's MERGE copies a source that is not a plain Delta scan before it starts, in case it
+# changes between MERGE's two passes; "none" skips the copy for sources known to be stable.
+_MATERIALIZE_SOURCE_CONF = "spark.databricks.delta.merge.materializeSource"
+_CACHED_SOURCE = "DELTA_MERGE_SOURCE_CACHED_DURING_EXECUTION"  # Delta's error for a cached source it did not copy
 
 _CONFLICTS: tuple[type[Exception], ...] = (
     DeltaConcurrentModificationException,
@@ -212,7 +216,10 @@ def incremental_merge(
     from the table's, ``ValueError`` for unusable arguments. ``updates_df`` is persisted
     and computed once, by the check, for the check and the merge. ``checked=True`` says
     the caller made sure of both (one row per key; the same rows each time it is read,
-    from a computed cache, say): the check's Spark job is skipped.
+    without a cache: ``DataFrame.localCheckpoint``, say): the check's Spark job is
+    skipped, and so is the copy of the source Delta's MERGE otherwise makes first (a Spark
+    job and its planning). Delta refuses to read a cached source without that copy, so
+    ``checked=True`` with cached rows raises ``ValueError`` (nothing is written).
     """
     _check_identity(app_id, position)
     keys = list(keys)
@@ -246,10 +253,17 @@ def incremental_merge(
             if version_before < 0:
                 _create_from_updates(updates, target, app_id, position, write_id, deleted_col, combine)
             else:
-                _merge(updates, target, keys, app_id, position, write_id, deleted_col, combine)
+                _merge(updates, target, keys, app_id, position, write_id, deleted_col, combine, stable=checked)
         except _CONFLICTS:
             if not _position_reached(spark, target, app_id, position):
                 raise
+        except Exception as exc:  # the JVM's error, as py4j or PySpark hands it over
+            if not checked or _CACHED_SOURCE not in str(exc):
+                raise
+            raise ValueError(
+                "incremental_merge(checked=True) needs rows that are not cached (Delta reads them twice and cannot "
+                "trust a cache to stay the same): pass updates_df.localCheckpoint(), or checked=False"
+            ) from None
     finally:
         if not checked:
             updates.unpersist()
@@ -530,6 +544,8 @@ def _merge(
     write_id: str,
     deleted_col: str | None,
     combine: Mapping[str, Combine],
+    *,
+    stable: bool,
 ) -> None:
     spark = updates.sparkSession
     table_columns = DeltaTable.forPath(spark, target).toDF().columns
@@ -545,6 +561,8 @@ def _merge(
         TXN_VERSION_CONF: str(position),
         USER_METADATA_CONF: _user_metadata(app_id, position, "merge", write_id),
     }
+    if stable:
+        settings[_MATERIALIZE_SOURCE_CONF] = "none"
     for key, value in settings.items():
         session.conf.set(key, value)
     try:

@@ -477,16 +477,8 @@ def _merge_fold(
             for table in projection.tables
         ]
         counter = spark.sparkContext.accumulator(0)
-        folded = fold_events(projection, handled, registry, group_by, state, counter, policy=policy)
-        # Computed once, before the first table changes, and cut from its lineage (a local
-        # checkpoint, not a cache): the summary and each MERGE read these rows as they are.
-        # A cached fold cost 0.2-0.3 s more per update: Delta's MERGE copies a cached source
-        # again before it starts, and AQE plans the cached query anew for each reader. Without
-        # a lineage a lost block cannot be recomputed, and a lost executor between two tables'
-        # MERGEs would leave them at different positions: on a cluster each block is kept on
-        # two executors. The blocks go with the DataFrame (Spark's ContextCleaner).
-        kept = StorageLevel.MEMORY_AND_DISK_2 if separate_executors(spark) else StorageLevel.MEMORY_AND_DISK
-        folded = folded.localCheckpoint(eager=False, storageLevel=kept)
+        # Computed once, before the first table changes: the summary and each MERGE read these rows.
+        folded = _kept(fold_events(projection, handled, registry, group_by, state, counter, policy=policy))
         summary = fold_summary(projection, folded)
         if not counter.value:  # the summary folded every new event: none was handled (a recount cannot make 0)
             return ProjectionRun(projection.name, app_id, "noop", low + 1, low)
@@ -598,19 +590,30 @@ def _merge_dataframe(
 ) -> ProjectionRun:
     path = root / projection.name
     say(f"building {projection.name}'s rows from the new events and merging them (one Delta commit)")
-    partial_rows = projection.build(events).persist(StorageLevel.MEMORY_AND_DISK)
-    try:
-        # Computed in full once; the MERGE then combines them with the stored rows it matches.
-        if check_one_row_per_key(partial_rows, projection.keys) == 0:
-            return ProjectionRun(projection.name, app_id, "noop", low + 1, low)
-        combine = projection.combine or {}
-        how = {c: partial(_combine, combine.get(c, "last")) for c in partial_rows.columns if c not in projection.keys}
-        result = incremental_merge(
-            partial_rows, path, keys=projection.keys, app_id=app_id, position=high, combine=how, checked=True
-        )
-    finally:
-        partial_rows.unpersist()
+    partial_rows = _kept(projection.build(events))
+    # Computed in full once, by the check; the MERGE then combines them with the stored rows it matches.
+    if check_one_row_per_key(partial_rows, projection.keys) == 0:
+        return ProjectionRun(projection.name, app_id, "noop", low + 1, low)
+    combine = projection.combine or {}
+    how = {c: partial(_combine, combine.get(c, "last")) for c in partial_rows.columns if c not in projection.keys}
+    result = incremental_merge(
+        partial_rows, path, keys=projection.keys, app_id=app_id, position=high, combine=how, checked=True
+    )
     return ProjectionRun(projection.name, app_id, "merge", low + 1, high, {projection.name: result})
+
+
+def _kept(rows: DataFrame) -> DataFrame:
+    """``rows`` computed once, when first read, and cut from their lineage: every later reader sees the same rows.
+
+    A local checkpoint, not a cache: Delta's MERGE copies a cached source again before it
+    starts (a checkpoint it reads as it is, see ``incremental_merge``), and AQE plans a cached
+    query anew for each reader; together 0.2-0.3 s of an update. Without a lineage a lost
+    block cannot be recomputed, and a lost executor between two tables' MERGEs would leave
+    them at different positions: on a cluster each block is kept on two executors. The
+    blocks go with the DataFrame (Spark's ContextCleaner).
+    """
+    kept = StorageLevel.MEMORY_AND_DISK_2 if separate_executors(rows.sparkSession) else StorageLevel.MEMORY_AND_DISK
+    return rows.localCheckpoint(eager=False, storageLevel=kept)
 
 
 def _stored(spark: SparkSession, path: Path, version: int) -> DataFrame:

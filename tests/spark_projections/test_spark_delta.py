@@ -340,3 +340,26 @@ def test_bad_arguments_are_rejected(spark: SparkSession, tmp_path: Path) -> None
     with pytest.raises(ValueError):
         incremental_merge(frame, tmp_path / "t", keys=["account"], app_id="app", position=1, deleted_col="account")
     assert not (tmp_path / "t").exists()
+
+
+def test_checked_rows_are_read_as_they_are_and_cached_ones_are_refused(spark: SparkSession, tmp_path: Path) -> None:
+    path = tmp_path / "balances"
+    full_rebuild(state(spark, upto=4), path, app_id="app", position=4)
+    # A local checkpoint is read twice by the MERGE as it is, without Delta's copy.
+    incremental_merge(state(spark, after=4, upto=6).localCheckpoint(), path, keys=["account"], app_id="app",
+                      position=6, checked=True)
+    assert rows(spark, path) == sorted(
+        [("a", 15, False, 4), ("b", 25, False, 6), ("c", 30, False, 3), ("d", 40, False, 5)]
+    )
+    # Delta cannot trust a cache to stay the same between its two reads without that copy.
+    cached = state(spark, after=6, upto=9).persist()
+    try:
+        cached.count()
+        with pytest.raises(ValueError, match=r"not cached.*localCheckpoint\(\), or checked=False"):
+            incremental_merge(cached, path, keys=["account"], app_id="app", position=9, checked=True)
+        assert (deltalake.DeltaTable(str(path)).version(), recorded_position(spark, path, "app")) == (1, 6)
+        # Unchecked, the same cached rows merge (Delta copies them first).
+        incremental_merge(cached, path, keys=["account"], app_id="app", position=9)
+    finally:
+        cached.unpersist()
+    assert rows(spark, path) == delta_rs_rows(path) == sorted(ALL_NINE)
