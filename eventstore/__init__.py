@@ -40,7 +40,7 @@ from .store import EntityInfo, EventStore, Pending, StoreInfo
 from .log import EventLog
 from .memory import InMemoryEventStore
 from .streams import StreamId, decode_entity_id, encode_entity_id
-from .tasks import Backoff, Outage, stop_task
+from .tasks import Backoff, Outage, ride_out, stop_task
 from .wire import Header, decode_commit, encode_commit
 
 __all__ = [
@@ -90,5 +90,6 @@ __all__ = [
     "encode_entity_id",
     "find_nats_server",
     "import_object",
+    "ride_out",
     "stop_task",
 ]

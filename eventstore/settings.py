@@ -59,6 +59,13 @@ class EventStoreSettings(BaseSettings, ConnectionSecurity):
         default=5.0, ge=0.05, le=3600.0, allow_inf_nan=False, description="How long to wait for one server reply."
     )
     append_retries: int = Field(default=3, ge=0, le=20, description="Resends of a commit whose acknowledgement timed out.")
+    outage_limit_s: float | None = Field(
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description="How long a long-running process (daemon, rebuild, reactors, serve, spark follow) waits out a "
+        "dependency (NATS, PostgreSQL) that is unreachable, restarting or silent before it gives up; None: for ever.",
+    )
     storage_dir: Path | None = Field(default=None, description="Embedded server's storage; None: a temporary directory.")
     sync_always: bool = Field(default=False, description="Embedded server fsyncs before every acknowledgement.")
     connect_name: str = Field(default="jetsourcing", description="Client name shown by the server.")

@@ -9,6 +9,10 @@ then cancels, re-sending the cancellation until the task ends, and waits a
 bounded time in all. :class:`Backoff` gives a retry loop growing, jittered
 delays; :class:`Outage` logs a failure once when it starts, then a reminder
 now and then, and once when it ends, instead of a line per attempt.
+:func:`ride_out` is the outage policy of every long-running process: a call
+to a dependency that is unreachable, restarting or silent is retried with
+:class:`Backoff`, logged by :class:`Outage`, for as long as the operator
+allows (``EventStoreSettings.outage_limit_s``; by default, for ever).
 """
 
 from __future__ import annotations
@@ -17,9 +21,12 @@ import asyncio
 import logging
 import random
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
-__all__ = ["Backoff", "Outage", "stop_task"]
+__all__ = ["Backoff", "Outage", "ride_out", "stop_task"]
+
+T = TypeVar("T")
 
 log = logging.getLogger("eventstore")
 
@@ -123,3 +130,56 @@ class Backoff:
         """Record a success: the next failure starts again from ``first_s`` (and is logged)."""
         self.outage.succeeded()
         self._step = self.first_s
+
+
+async def ride_out(
+    call: Callable[[], Awaitable[T]],
+    *,
+    what: str,
+    logger: logging.Logger,
+    transient: Callable[[BaseException], bool],
+    limit_s: float | None,
+    stop: asyncio.Event | None = None,
+    first_s: float = 0.1,
+    cap_s: float = 5.0,
+) -> T:
+    """``await call()`` until it returns, waiting out the failures ``transient`` accepts (the outage policy).
+
+    Each failure is followed by a :class:`Backoff` delay and logged by state
+    (:class:`Outage`: one warning when the outage starts, a reminder each
+    minute, one line when it ends). ``call`` must bound its own wait (a
+    client-side deadline), so every attempt ends. The last failure is raised
+    as it is when it is not transient, when the outage has lasted
+    ``limit_s`` seconds (None: never), or when ``stop`` is set (checked
+    during each delay, so a stop is never held up by a backoff).
+    """
+    backoff = Backoff(what, logger, first_s=first_s, cap_s=cap_s)
+    started: float | None = None
+    while True:
+        try:
+            result = await call()
+        except Exception as exc:
+            if not transient(exc):
+                raise
+            now = time.monotonic()
+            started = now if started is None else started
+            if limit_s is not None and now - started >= limit_s:
+                logger.error("%s failed for %.0f s, the outage limit (outage_limit_s); giving up: %s", what,
+                             now - started, str(exc) or type(exc).__name__)
+                raise
+            delay = backoff.failed(exc)
+            if limit_s is not None:
+                delay = min(delay, max(0.0, started + limit_s - now))
+            if stop is None:
+                await asyncio.sleep(delay)
+            else:
+                try:
+                    async with asyncio.timeout(delay):
+                        await stop.wait()
+                except TimeoutError:
+                    pass
+                if stop.is_set():
+                    raise exc
+            continue
+        backoff.succeeded()
+        return result

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from eventstore import Backoff, EmbeddedServer, EventStore, EventStoreSettings, Outage, stop_task
+from eventstore import Backoff, EmbeddedServer, EventStore, EventStoreSettings, Outage, ride_out, stop_task
 
 
 async def _swallows(times: int | list[int], ended: list[str]) -> None:
@@ -128,3 +128,66 @@ async def test_a_server_outage_is_logged_once_not_per_reconnect_attempt(
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert 1 <= len(warnings) <= 2, warnings  # the failure (and the disconnect), not one line per attempt
     assert any("works again" in r.getMessage() for r in caplog.records)
+
+
+class _Flaky:
+    """Fails with ``error`` the first ``failures`` times it is called, then answers its call count."""
+
+    def __init__(self, failures: int, error: Exception) -> None:
+        self.failures = failures
+        self.error = error
+        self.calls = 0
+
+    async def __call__(self) -> int:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise self.error
+        return self.calls
+
+
+def _is_connection_error(exc: BaseException) -> bool:
+    return isinstance(exc, ConnectionError)
+
+
+async def test_ride_out_waits_out_transient_failures_and_logs_the_outage_twice(caplog: pytest.LogCaptureFixture) -> None:
+    call = _Flaky(5, ConnectionError("refused"))
+    with caplog.at_level(logging.DEBUG, logger="test.outage"):
+        result = await ride_out(call, what="the database", logger=logging.getLogger("test.outage"),
+                                transient=_is_connection_error, limit_s=None, first_s=0.001, cap_s=0.002)
+    assert result == 6 and call.calls == 6
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    assert len(lines) == 2, lines
+    assert "the database failed (refused); retrying." in lines[0]
+    assert "works again" in lines[1] and "5 failed attempts" in lines[1]
+
+
+async def test_ride_out_raises_a_failure_that_is_not_transient_at_once() -> None:
+    call = _Flaky(5, ValueError("bad input"))
+    with pytest.raises(ValueError, match="bad input"):
+        await ride_out(call, what="x", logger=logging.getLogger("test.outage"), transient=_is_connection_error,
+                       limit_s=None, first_s=0.001)
+    assert call.calls == 1
+
+
+async def test_ride_out_gives_up_at_the_outage_limit_with_the_last_failure(caplog: pytest.LogCaptureFixture) -> None:
+    call = _Flaky(10**6, ConnectionError("still down"))
+    started = time.monotonic()
+    with caplog.at_level(logging.ERROR, logger="test.outage"), pytest.raises(ConnectionError, match="still down"):
+        await ride_out(call, what="the server", logger=logging.getLogger("test.outage"),
+                       transient=_is_connection_error, limit_s=0.3, first_s=0.01, cap_s=10.0)
+    took = time.monotonic() - started
+    assert 0.3 <= took < 2.0, took  # the backoff's delay is cut at the limit, not slept past it
+    assert call.calls > 2
+    assert any("outage limit" in r.getMessage() for r in caplog.records)
+
+
+async def test_ride_out_stops_during_a_backoff_when_asked() -> None:
+    call = _Flaky(10**6, ConnectionError("down"))
+    stop = asyncio.Event()
+    asyncio.get_running_loop().call_later(0.2, stop.set)
+    started = time.monotonic()
+    with pytest.raises(ConnectionError):
+        await ride_out(call, what="x", logger=logging.getLogger("test.outage"), transient=_is_connection_error,
+                       limit_s=None, stop=stop, first_s=30.0, cap_s=30.0)
+    assert time.monotonic() - started < 2.0
+    assert call.calls == 1
