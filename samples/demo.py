@@ -165,17 +165,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - the demo's last word must say what broke, then exit non-zero
         report.console.print_exception(max_frames=8)
         where = f" during step '{report.current_step}'" if report.current_step else ""
+        failed_checks(report)
         report.console.print(f"\n[bold red]The demo failed{where}: {type(exc).__name__}: {exc}[/]")
-        if report.current_step.startswith("Spark"):
+        if report.current_step.startswith("Spark") and not report.failed:
             report.console.print("Everything before Spark worked; `python -m samples.demo --skip-spark` leaves it out.")
         return 1
     if report.failed:
-        report.console.print("[bold red]The demo ran, but these checks failed:[/]")
-        for check in report.failed:
-            report.console.print(f"  ✗ {check.claim} ({check.detail})")
+        failed_checks(report)
+        report.console.print(f"[bold red]The demo ran, but {len(report.failed)} of its checks failed.[/]")
         return 1
     return 0
 
+
+def failed_checks(report: Report) -> None:
+    """List the checks that failed so far (none: nothing printed)."""
+    if report.failed:
+        report.console.print("[bold red]These checks failed:[/]")
+        for check in report.failed:
+            report.console.print(f"  ✗ {check.claim} ({check.detail})")
 
 if __name__ == "__main__":
     sys.exit(main())

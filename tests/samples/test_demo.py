@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -54,3 +56,52 @@ def test_the_demo_runs_end_to_end(tmp_path: Path) -> None:
     assert "WRITE" in history and "MERGE" in history, history
     assert (tmp_path / "demo" / "bank.sqlite3").is_file(), "--workdir keeps the outputs"
     assert (tmp_path / "demo" / "delta" / "balances" / "_delta_log").is_dir()
+
+
+def test_the_last_word_never_claims_success_after_a_failed_check(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A check failed in step 5, then Spark broke: the demo must not say that everything before Spark worked."""
+    import samples.demo as demo
+    from samples.report import Report
+
+    async def failing_run(args: object, report: Report) -> None:
+        report.step("Blue/green rebuild while writing")
+        report.check("the switched-in read model equals a clean replay", False, "3 rows differ")
+        report.step("Spark: the same projections into Delta Lake")
+        raise RuntimeError("the JVM did not start")
+
+    monkeypatch.setattr(demo, "run", failing_run)
+    assert demo.main(["--accounts", "5", "--commands", "5"]) == 1
+    out = capsys.readouterr().out
+    assert "Everything before Spark worked" not in out
+    assert "✗ the switched-in read model equals a clean replay (3 rows differ)" in out
+    last = [line for line in out.splitlines() if line.strip()][-1]
+    assert "The demo failed during step 'Spark: the same projections into Delta Lake'" in last, out
+
+    async def spark_only_fails(args: object, report: Report) -> None:
+        report.step("Blue/green rebuild while writing")
+        report.check("the switched-in read model equals a clean replay", True)
+        report.step("Spark: the same projections into Delta Lake")
+        raise RuntimeError("the JVM did not start")
+
+    monkeypatch.setattr(demo, "run", spark_only_fails)
+    assert demo.main(["--accounts", "5", "--commands", "5"]) == 1
+    assert "Everything before Spark worked" in capsys.readouterr().out
+
+
+def test_a_failed_check_is_the_demos_last_word(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import samples.demo as demo
+    from samples.report import Report
+
+    async def one_check_fails(args: object, report: Report) -> None:
+        report.step("Event store")
+        report.check("money is conserved", False, "off by 3")
+
+    monkeypatch.setattr(demo, "run", one_check_fails)
+    assert demo.main(["--accounts", "5", "--commands", "5"]) == 1
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert "✗ money is conserved (off by 3)" in lines[-2]
+    assert "1 of its checks failed" in lines[-1]
