@@ -174,7 +174,8 @@ class Reader:
         return OrderedReplay(
             self._replays.get, self._settings.stream, start_seq=start, stop_seq=stop, filter_subjects=filters,
             live=live, batch=batch, heartbeat_s=heartbeat_s, api_timeout_s=self._settings.request_timeout_s, what=what,
-            scanner=self._events_scanner(handled),
+            # A live read follows the outage policy; a read that ends gives up after one request timeout.
+            give_up_s=self._settings.outage_limit_s if live else None, scanner=self._events_scanner(handled),
         )
 
     def _stream_of(self, subject: bytes) -> StreamId:

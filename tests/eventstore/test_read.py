@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -10,6 +11,7 @@ from eventstore import (
     EventDecodeError,
     EventStore,
     Pending,
+    ServerUnavailableError,
     StreamConfigError,
     StreamId,
     TypeRegistry,
@@ -118,6 +120,37 @@ async def test_subscribe_survives_a_server_restart_without_gap_or_duplicate(tmp_
     finally:
         await writer.close()
         await store.close()
+        server.close()
+
+
+async def test_a_live_read_waits_out_an_outage_up_to_the_outage_limit_then_names_the_server(tmp_path: object) -> None:
+    """outage_limit_s bounds a live read's wait for a lost server; without it (the default) the read waits."""
+    server = EmbeddedServer(tmp_path)  # type: ignore[arg-type]
+    server.start()
+    registry = TypeRegistry()
+    registry.register(Deposited)
+    patient = await EventStore.connect(unique_settings(server.url), registry)
+    limited = await EventStore.connect(patient.settings.model_copy(update={"outage_limit_s": 1.5}), registry)
+
+    async def follow(store: EventStore) -> None:
+        async for _ in store.subscribe(heartbeat_s=0.2):
+            pass
+
+    try:
+        await patient.append(StreamId("Account", "a"), [Deposited(amount=1)], NO_STREAM)
+        waiting, giving_up = asyncio.create_task(follow(patient)), asyncio.create_task(follow(limited))
+        await asyncio.sleep(0.5)
+        server.stop()
+        stopped = time.monotonic()
+        with pytest.raises(ServerUnavailableError):
+            await asyncio.wait_for(giving_up, 30)
+        assert time.monotonic() - stopped < 15
+        await asyncio.sleep(1.0)
+        assert not waiting.done(), "without a limit a live read waits the outage out"
+        waiting.cancel()
+    finally:
+        await limited.close()
+        await patient.close()
         server.close()
 
 
