@@ -84,10 +84,14 @@ class _ConnectionLog:
     anything logged while the store closes.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, limit_s: float | None = None) -> None:
         self.connected = False
         self.closing = False
         self.outage = Outage("The NATS connection", log)
+        self.limit_s = limit_s
+        self.nc: NATS | None = None
+        self._give_up: asyncio.TimerHandle | None = None
+        self._closing: asyncio.Task[None] | None = None
 
     async def on_error(self, exc: Exception) -> None:
         if not self.connected or self.closing:
@@ -98,9 +102,30 @@ class _ConnectionLog:
     async def on_disconnected(self) -> None:
         if self.connected and not self.closing:
             self.outage.failed("disconnected; reconnecting")
+            if self.limit_s is not None and self._give_up is None:
+                self._give_up = asyncio.get_running_loop().call_later(self.limit_s, self._close_for_good)
 
     async def on_reconnected(self) -> None:
         self.outage.succeeded()
+        if self._give_up is not None:
+            self._give_up.cancel()
+            self._give_up = None
+
+    def _close_for_good(self) -> None:
+        """The outage limit passed without a reconnect: close, so every user of the connection fails and ends."""
+        self._give_up = None
+        nc = self.nc
+        if nc is None or self.closing or nc.is_connected or nc.is_closed:
+            return
+        log.error("The NATS connection was lost %.0f s ago, the outage limit (outage_limit_s): closing it; "
+                  "what uses it now fails.", self.limit_s)
+        self.closing = True
+        self._closing = asyncio.ensure_future(self._close(nc))
+
+    async def _close(self, nc: NATS) -> None:
+        with contextlib.suppress(NatsError, asyncio.TimeoutError, OSError):
+            async with asyncio.timeout(5.0):
+                await nc.close()
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,7 +234,7 @@ class EventStore:
         if url is None:
             server = EmbeddedServer(settings.storage_dir, sync_always=settings.sync_always).start()
             url = server.url
-        connection_log = _ConnectionLog()
+        connection_log = _ConnectionLog(settings.outage_limit_s)
         # Give up on the first connection after request_timeout_s (a refused connection is retried
         # every 200 ms until then); once connected, reconnect forever (see below).
         first_attempts = max(1, int(settings.request_timeout_s / 0.2))
@@ -238,6 +263,7 @@ class EventStore:
                 "Start a server, or fix NATS_URL."
             ) from exc
         connection_log.connected = True
+        connection_log.nc = nc
         if "max_reconnect_attempts" not in connect_options:
             nc.reconnect_forever()
         store = cls(nc, settings, registry, server=server)

@@ -154,6 +154,40 @@ async def test_a_live_read_waits_out_an_outage_up_to_the_outage_limit_then_names
         server.close()
 
 
+async def test_the_connection_is_closed_for_good_once_an_outage_passes_the_limit(
+    tmp_path: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    """nats-py would reconnect for ever: past outage_limit_s the store closes the connection, so that every
+    long-running user of it (serve, reactors) fails and ends instead of waiting on."""
+    server = EmbeddedServer(tmp_path)  # type: ignore[arg-type]
+    server.start()
+    registry = TypeRegistry()
+    registry.register(Deposited)
+    limited = await EventStore.connect(unique_settings(server.url, outage_limit_s=1.0), registry)
+    patient = await EventStore.connect(limited.settings.model_copy(update={"outage_limit_s": None}), registry)
+    try:
+        server.stop()
+        stopped = time.monotonic()
+        while not limited.nc.is_closed and time.monotonic() - stopped < 10:
+            await asyncio.sleep(0.1)
+        assert limited.nc.is_closed
+        assert 1.0 <= time.monotonic() - stopped < 10
+        assert any("outage limit" in r.getMessage() for r in caplog.records)
+        assert not patient.nc.is_closed, "without a limit the connection keeps reconnecting"
+        with pytest.raises(ServerUnavailableError):
+            await limited.append(StreamId("Account", "z"), [Deposited(amount=1)], NO_STREAM)
+        server.start()
+        for _ in range(100):
+            if patient.nc.is_connected:
+                break
+            await asyncio.sleep(0.1)
+        assert patient.nc.is_connected
+    finally:
+        await limited.close()
+        await patient.close()
+        server.close()
+
+
 async def test_catalogue_and_info(store: EventStore) -> None:
     await store.append(StreamId("Account", "b@x.io"), [Opened(owner="b"), Deposited(amount=1)], NO_STREAM)
     await store.append(StreamId("Account", "a"), [Opened(owner="a")], NO_STREAM)
