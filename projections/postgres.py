@@ -12,7 +12,6 @@ bookkeeping. Here:
   role that owns its schema needs no CREATE privilege on the database, and a
   store opened with ``create=False`` (``status``, dead-letter listing,
   readers) creates nothing at all.
-
 * A write to the generations takes a transaction-level advisory lock of the
   schema (one at a time, across processes) and reads the generation rows it
   decides on ``FOR UPDATE``; a batch's commit locks its generation's row
