@@ -26,6 +26,7 @@ from .errors import (
     ProjectionLoadError,
     ProjectionStoppedError,
     ReadModelMismatchError,
+    ReadModelNotFoundError,
     RebuildError,
     RowError,
 )
@@ -99,6 +100,7 @@ __all__ = [
     "ReactorStatus",
     "ReactorWorker",
     "ReadModelMismatchError",
+    "ReadModelNotFoundError",
     "ReadModelStore",
     "RebuildError",
     "RebuildResult",

@@ -5,24 +5,25 @@ from __future__ import annotations
 from .settings import ProjectionSettings
 from .store import ReadModelStore
 
-__all__ = ["open_store", "store_exists"]
+__all__ = ["open_store"]
 
 
-def open_store(settings: ProjectionSettings) -> ReadModelStore:
-    """A connection to the read models ``settings.database`` names (created if missing), configured from
-    ``settings``. Blocking: from async code, ``await asyncio.to_thread(open_store, settings)``."""
+def open_store(settings: ProjectionSettings, *, create: bool = True) -> ReadModelStore:
+    """A connection to the read models ``settings.database`` names, configured from ``settings``. Blocking: from
+    async code, ``await asyncio.to_thread(open_store, settings)``.
+
+    With ``create`` (the default, for the daemon and rebuilds) the SQLite file, the PostgreSQL schema and the
+    bookkeeping tables are created if missing. Readers pass ``create=False``: nothing is created, and where
+    there are no read models yet :class:`~projections.errors.ReadModelNotFoundError` says so.
+    """
     url = settings.postgres_url
     if url is not None:
         from .postgres import PostgresStore
 
         return PostgresStore(url, schema=settings.postgres_schema, timeout_s=settings.postgres_timeout_s,
-                             cache_rows=settings.row_cache_size)
+                             cache_rows=settings.row_cache_size, create=create)
     from .sqlite import SqliteStore
 
     return SqliteStore(settings.database, synchronous=settings.sqlite_synchronous,
-                       busy_timeout_s=settings.sqlite_busy_timeout_s, cache_rows=settings.row_cache_size)
-
-
-def store_exists(settings: ProjectionSettings) -> bool:
-    """False when ``settings.database`` is a SQLite file that does not exist (reading it would create it)."""
-    return isinstance(settings.database, str) or settings.database.exists()
+                       busy_timeout_s=settings.sqlite_busy_timeout_s, cache_rows=settings.row_cache_size,
+                       create=create)

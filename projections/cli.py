@@ -48,7 +48,6 @@ from pydantic import ValidationError
 
 from eventstore import EventStoreError, EventStoreSettings, ImportPathError
 
-from .backends import store_exists
 from .daemon import SignalShutdown, run_daemon
 from .dead_letter_commands import (
     PROJECTION_RETRY,
@@ -247,10 +246,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if args.command == "dead-letters":
             return _dead_letters(args, settings)
-        if not store_exists(settings):
-            print(f"jetsourcing: no read-model database at {settings.database_name} (set --db or JETSOURCING_DATABASE).",
-                  file=sys.stderr)
-            return 1
         if args.watch is not None:
             return asyncio.run(watch_status(settings, args.watch))
         statuses, reactors = asyncio.run(read_statuses(settings))

@@ -50,7 +50,7 @@ from .errors import CheckpointConflictError, ProjectionStoppedError, ReadModelMi
 from .lease import Lease, new_owner_id, open_lease_bucket
 from .metrics import PROJECTION_CHECKPOINT, PROJECTION_EVENTS, PROJECTION_LAG, serving
 from .progress import progress_for
-from .projection import Projection
+from .projection import Projection, check_distinct_tables
 from .rebuild import rebuild
 from .settings import ProjectionSettings
 from .store import Generation, ReadModelStore, RunState, Writer
@@ -337,6 +337,7 @@ class Daemon:
         names = [p.name for p in projections]
         if len(set(names)) != len(names):
             raise ValueError(f"Each projection may run once per daemon; got {names}.")
+        check_distinct_tables(projections)
         self.projections = list(projections)
         self.settings = settings or ProjectionSettings()
         self.event_store = event_store

@@ -20,9 +20,9 @@ from typing import Any, Literal
 
 from eventstore import EventStoreError, ImportPathError, import_object
 
-from .backends import open_store, store_exists
+from .backends import open_store
 from .connection import connect_event_store
-from .errors import ProjectionError
+from .errors import ProjectionError, ReadModelNotFoundError
 from .reactors.dead_letters import drop_reactor_dead_letters, read_reactor_dead_letters
 from .reactors.retry import RetryResult, retry_reactor_dead_letters
 from .reactors.worker import Reactor
@@ -65,14 +65,14 @@ class DeadLetterEntry:
 
 
 async def read_dead_letters(settings: ProjectionSettings) -> tuple[list[DeadLetterEntry], str | None]:
-    """Every dead letter: the projections' (when the read-model database exists) and the reactors' (when the
-    server can be asked), and a note saying what could not be read (None when everything was)."""
+    """Every dead letter: the projections' (when there are read models) and the reactors' (when the server can
+    be asked), and a note saying what could not be read (None when everything was). Creates nothing."""
     entries: list[DeadLetterEntry] = []
     missing: list[str] = []
-    if store_exists(settings):
+    try:
         entries += await asyncio.to_thread(_projection_dead_letters, settings)
-    else:
-        missing.append(f"no read-model database at {settings.database_name}")
+    except ReadModelNotFoundError as exc:
+        missing.append(str(exc))
     try:
         es = await connect_event_store(settings)
     except EventStoreError as exc:
@@ -98,12 +98,9 @@ async def drop_dead_letters(
     if (projection is None) == (reactor is None):
         raise ProjectionError("Name either a projection (--projection) or a reactor (--reactor) to drop from.")
     if projection is not None:
-        if not store_exists(settings):
-            raise ProjectionError(
-                f"No read-model database at {settings.database_name} (set --db or JETSOURCING_DATABASE).")
 
         def drop() -> int:
-            with contextlib.closing(open_store(settings)) as store:
+            with contextlib.closing(open_store(settings, create=False)) as store:
                 return store.drop_dead_letters(projection, position)
 
         return await asyncio.to_thread(drop)
@@ -116,7 +113,7 @@ async def drop_dead_letters(
 
 
 def _projection_dead_letters(settings: ProjectionSettings) -> list[DeadLetterEntry]:
-    with contextlib.closing(open_store(settings)) as store:
+    with contextlib.closing(open_store(settings, create=False)) as store:
         return [
             DeadLetterEntry("projection", d.projection, d.position, d.stream_id, d.event_type,
                             d.error.splitlines()[0] if d.error else "")

@@ -11,6 +11,7 @@ what went wrong and what to do about it::
     ├── ProjectionStoppedError      a projection was stopped by its error policy (wraps a HandlerError)
     ├── CheckpointConflictError     the read model's checkpoint moved under this writer
     ├── ReadModelMismatchError      the stored read model does not match the projection's definition
+    ├── ReadModelNotFoundError      a read-only command found no read models where the settings point
     ├── LeaseError                  the lease service (JetStream KV) refused or lost a lease
     └── RebuildError                a rebuild failed or was interrupted; the old model is unchanged
 
@@ -30,6 +31,7 @@ __all__ = [
     "ProjectionLoadError",
     "ProjectionStoppedError",
     "ReadModelMismatchError",
+    "ReadModelNotFoundError",
     "RebuildError",
     "RowError",
 ]
@@ -113,6 +115,12 @@ class ReadModelMismatchError(ProjectionError):
     A higher declared ``version`` means "rebuild": run ``jetsourcing rebuild``
     (the daemon does it by itself unless ``auto_rebuild`` is off).
     """
+
+
+class ReadModelNotFoundError(ProjectionError, LookupError):
+    """There are no read models where the settings point (no SQLite file, no PostgreSQL schema, or no
+    projection has run there yet), and the command only reads: it created nothing. Check the database
+    setting (``--db``, ``JETSOURCING_DATABASE``, ``JETSOURCING_POSTGRES_SCHEMA``), or run a projection first."""
 
 
 class LeaseError(ProjectionError):

@@ -5,6 +5,13 @@ schema (``public`` unless ``JETSOURCING_POSTGRES_SCHEMA`` says otherwise):
 ``balances__g<n>`` tables, ``balances`` views for readers, ``_jetsourcing_*``
 bookkeeping. Here:
 
+* Every statement names the schema (``"schema"."balances__g1"``), so no name
+  resolves elsewhere (``pg_catalog`` is searched before any schema of the
+  ``search_path``) whatever the session's ``search_path`` says.
+* The schema and the bookkeeping tables are created only when missing, so a
+  role that owns its schema needs no CREATE privilege on the database, and a
+  store opened with ``create=False`` (``status``, dead-letter listing,
+  readers) creates nothing at all.
 * A write to the generations takes a transaction-level advisory lock of the
   schema (one at a time, across processes) and reads the generation rows it
   decides on ``FOR UPDATE``; a batch's commit locks its generation's row
@@ -29,9 +36,9 @@ from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from typing import Any
 
-from .errors import ProjectionError
-from .settings import SCHEMA_PATTERN
-from .sql import SqlStore, quote
+from .errors import ProjectionError, ReadModelNotFoundError
+from .settings import SCHEMA_PATTERN, reserved_schema
+from .sql import BOOKKEEPING, SqlStore, quote
 
 try:
     import psycopg
@@ -46,10 +53,23 @@ _TYPES = {str: "TEXT", int: "BIGINT", float: "DOUBLE PRECISION", bool: "BOOLEAN"
 _SCHEMA_NAME = re.compile(SCHEMA_PATTERN)
 
 
+_BOOKKEEPING_NAME = re.compile(r'"?\b(' + "|".join(BOOKKEEPING) + r')\b"?')
+
+# Every name pg_class holds, by kind (what a table of the same name would clash with).
+_KINDS = {"r": "table", "p": "table", "v": "view", "m": "materialized view", "i": "index", "I": "index",
+          "S": "sequence", "f": "foreign table", "c": "type"}
+
+
 @lru_cache(maxsize=4096)
 def _pyformat(statement: str) -> str:
     # The shared SQL has no literal '%' or '?' besides its placeholders.
     return statement.replace("?", "%s")
+
+
+@lru_cache(maxsize=4096)
+def _translate(statement: str, schema: str) -> str:
+    """The shared SQL in psycopg's style, its bookkeeping tables qualified with the (quoted) ``schema``."""
+    return _BOOKKEEPING_NAME.sub(lambda m: f"{schema}.{m.group(1)}", _pyformat(statement))
 
 
 class PostgresStore(SqlStore):
@@ -57,20 +77,30 @@ class PostgresStore(SqlStore):
 
     ``url`` is a libpq URL (``postgresql://user:password@host:5432/db``;
     its ``options`` parameter is replaced by the store's own settings);
-    ``schema`` is created if missing. ``timeout_s`` bounds connecting, every
-    statement and every lock wait.
+    ``schema`` and the bookkeeping tables are created if missing, and only
+    then (the role needs CREATE on the database only for a missing schema).
+    With ``create=False`` nothing is created: a missing schema or
+    bookkeeping raises :class:`~projections.errors.ReadModelNotFoundError`.
+    ``timeout_s`` bounds connecting, every statement and every lock wait.
     """
 
     transient_errors = (psycopg.OperationalError,)
     conn: "psycopg.Connection[Any]"
 
-    def __init__(self, url: str, *, schema: str = "public", timeout_s: float = 30.0, cache_rows: int = 100_000) -> None:
+    def __init__(self, url: str, *, schema: str = "public", timeout_s: float = 30.0, cache_rows: int = 100_000,
+                 create: bool = True) -> None:
         if not isinstance(schema, str) or not _SCHEMA_NAME.fullmatch(schema):
             raise ProjectionError(
                 f"Invalid PostgreSQL schema {schema!r}: use lower-case letters, digits and '_' (at most 63 characters), "
                 "starting with a letter or '_'."
             )
+        reason = reserved_schema(schema)
+        if reason is not None:
+            raise ProjectionError(
+                f"The PostgreSQL schema {schema!r} is reserved ({reason}): set JETSOURCING_POSTGRES_SCHEMA to another."
+            )
         self.schema = schema
+        self._qualifier = quote(schema)
         self.cache_rows = cache_rows
         self._url = url
         self._timeout_s = timeout_s
@@ -80,13 +110,36 @@ class PostgresStore(SqlStore):
         info = self.conn.info
         self.location = f"PostgreSQL database {info.dbname!r} on {info.host}, schema {schema!r}"
         try:
-            with self.conn.transaction():
-                self._lock()
-                self.conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote(schema)}")
-            self._install()
+            if not self._schema_exists():
+                self._create_schema(create)
+            self._install(create=create)
         except BaseException:
             self.conn.close()
             raise
+
+    def _schema_exists(self) -> bool:
+        # Looked up first: CREATE SCHEMA IF NOT EXISTS needs CREATE on the database even when the schema exists.
+        found = self.conn.execute("SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = %s", (self.schema,))
+        return found.fetchone() is not None
+
+    def _create_schema(self, create: bool) -> None:
+        info = self.conn.info
+        if not create:
+            raise ReadModelNotFoundError(
+                f"There is no schema {self.schema!r} in PostgreSQL database {info.dbname!r} on {info.host}: no read "
+                "models there yet (nothing was created). Check JETSOURCING_POSTGRES_SCHEMA and --db "
+                "(JETSOURCING_DATABASE), or run a projection first."
+            )
+        try:
+            with self.conn.transaction():
+                self._lock()
+                self.conn.execute(f"CREATE SCHEMA IF NOT EXISTS {self._qualifier}")
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise ProjectionError(
+                f"Cannot create the schema {self.schema!r} in PostgreSQL database {info.dbname!r}: role {info.user!r} "
+                f"may not create schemas there ({' '.join(str(exc).split())}). Create it once as a privileged role "
+                f"(CREATE SCHEMA {self.schema} AUTHORIZATION {info.user}), or grant the role CREATE on the database."
+            ) from exc
 
     def _connect(self) -> "psycopg.Connection[Any]":
         ms = max(1, int(self._timeout_s * 1000))
@@ -119,7 +172,7 @@ class PostgresStore(SqlStore):
         return self.conn
 
     def execute(self, statement: str, params: Sequence[Any] = ()) -> Any:
-        return self._alive().execute(_pyformat(statement), params)
+        return self._alive().execute(_translate(statement, self._qualifier), params)
 
     def _lock(self) -> None:
         self.conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"jetsourcing:{self.schema}",))
@@ -127,7 +180,10 @@ class PostgresStore(SqlStore):
     for_update = " FOR UPDATE"
 
     def sql(self, statement: str) -> str:
-        return _pyformat(statement)
+        return _translate(statement, self._qualifier)
+
+    def relation(self, name: str) -> str:
+        return f"{self._qualifier}.{quote(name)}"
 
     def begin_write(self) -> None:
         self.begin_batch()
@@ -155,10 +211,17 @@ class PostgresStore(SqlStore):
         return ""
 
     def relations(self) -> Iterable[tuple[str, str]]:
-        rows = self.conn.execute(
-            "SELECT table_name, table_type FROM information_schema.tables WHERE table_schema = %s", (self.schema,)
+        # The catalogs, not information_schema, which hides what the role has no privilege on. Array types
+        # are left out: PostgreSQL moves an automatic one aside when a table needs its name.
+        rows = self.execute(
+            "SELECT c.relname, c.relkind::text FROM pg_catalog.pg_class c "
+            "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s "
+            "UNION ALL SELECT t.typname, 'c' FROM pg_catalog.pg_type t "
+            "JOIN pg_catalog.pg_namespace n ON n.oid = t.typnamespace WHERE n.nspname = %s AND t.typrelid = 0 "
+            "AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_type e WHERE e.typarray = t.oid)",
+            (self.schema, self.schema),
         ).fetchall()
-        return [(name, "view" if kind == "VIEW" else "table") for name, kind in rows]
+        return [(name, _KINDS.get(kind, "relation")) for name, kind in rows]
 
     def executemany(self, statement: str, rows: Sequence[Sequence[Any]]) -> None:
         with self._alive().cursor() as cursor:

@@ -30,7 +30,7 @@ payload is never decoded.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from enum import Enum
 from typing import Any, ClassVar, TypeVar
 
@@ -43,7 +43,7 @@ from .errors import ProjectionDefinitionError
 from .tables import Table, check_name
 from .transaction import Transaction
 
-__all__ = ["ErrorPolicy", "Handler", "Projection", "event_type_name", "handles"]
+__all__ = ["ErrorPolicy", "Handler", "Projection", "check_distinct_tables", "event_type_name", "handles"]
 
 Handler = Callable[[RecordedEvent, Transaction], None]
 """A bound handler: applies one event to the read model through ``tx``."""
@@ -140,13 +140,19 @@ class Projection:
                 )
             cls.categories = tuple(validate_category(c) for c in cls.categories)
         cls.tables = tuple(cls.tables)
-        seen: set[str] = set()
+        seen: dict[str, str] = {}
         for table in cls.tables:
             if not isinstance(table, Table):
                 raise ProjectionDefinitionError(f"{cls.__qualname__}.tables must hold Table objects, not {table!r}.")
-            if table.name in seen:
+            other = seen.get(table.name.lower())
+            if other == table.name:
                 raise ProjectionDefinitionError(f"{cls.__qualname__} declares table {table.name!r} twice.")
-            seen.add(table.name)
+            if other is not None:
+                raise ProjectionDefinitionError(
+                    f"{cls.__qualname__} declares tables {other!r} and {table.name!r}, which differ only in case: "
+                    "SQLite would store them as one table. Rename one of them."
+                )
+            seen[table.name.lower()] = table.name
         if not isinstance(cls.error_policy, ErrorPolicy):
             cls.error_policy = ErrorPolicy(cls.error_policy)
 
@@ -232,6 +238,23 @@ class Projection:
 
     def __repr__(self) -> str:
         return f"<{type(self).__qualname__} {self.name!r} v{self.version}>"
+
+
+def check_distinct_tables(projections: Iterable[Projection]) -> None:
+    """Refuse projections that declare the same table, or tables whose names differ only in case (SQLite
+    would store them as one table, so both stores refuse them): before any of them creates anything."""
+    owners: dict[str, tuple[str, str]] = {}
+    for projection in projections:
+        for table in projection.tables:
+            found = owners.get(table.name.lower())
+            if found is not None and found[0] != projection.name:
+                other, other_table = found
+                how = "the same table" if other_table == table.name else "tables that differ only in case"
+                raise ProjectionDefinitionError(
+                    f"Projections {other!r} and {projection.name!r} declare {how} ({other_table!r} and "
+                    f"{table.name!r}); SQLite would store them as one table. Rename one of them."
+                )
+            owners[table.name.lower()] = (projection.name, table.name)
 
 
 def _label(event_type: str | type[BaseModel]) -> str:

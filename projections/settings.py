@@ -26,7 +26,17 @@ from .projection import ErrorPolicy
 __all__ = ["ProjectionSettings"]
 
 SCHEMA_PATTERN = r"^[a-z_][a-z0-9_]{0,62}$"
-"""A PostgreSQL schema jetsourcing may use: a plain lower-case identifier, never quoted differently."""
+"""A PostgreSQL schema jetsourcing may use: a plain lower-case identifier, never quoted differently (and not
+one of :func:`reserved_schema`'s)."""
+
+
+def reserved_schema(schema: str) -> str | None:
+    """Why PostgreSQL keeps ``schema`` for itself (``pg_*``, ``information_schema``), or None when it does not."""
+    if schema.startswith("pg_"):
+        return "PostgreSQL reserves schema names starting with 'pg_' for its own catalogs"
+    if schema == "information_schema":
+        return "information_schema is PostgreSQL's catalog of the SQL standard"
+    return None
 
 _URL = re.compile(r"^postgres(ql)?://", re.IGNORECASE)
 _PASSWORD = re.compile(r"^([a-z]+://[^:/@]*):[^@]*@", re.IGNORECASE)
@@ -96,6 +106,14 @@ class ProjectionSettings(BaseSettings):
                     raise ValueError(f"{value.split('://')[0]}:// is not a read-model database: use a SQLite file "
                                      "path or a postgresql:// URL")
                 return Path(value)
+        return value
+
+    @field_validator("postgres_schema")
+    @classmethod
+    def _schema(cls, value: str) -> str:
+        reason = reserved_schema(value)
+        if reason is not None:
+            raise ValueError(f"{value!r} is reserved ({reason}): choose another schema")
         return value
 
     @property

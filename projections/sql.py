@@ -18,6 +18,12 @@ Layout, the same in both:
 * ``_jetsourcing_generations`` holds each generation's checkpoint, version,
   definition and owner; ``_jetsourcing_projections`` the live generation and
   the daemon's state; ``_jetsourcing_dead_letters`` skipped commits.
+* Names: a declared name never contains ``__`` nor a catalog's prefix
+  (:func:`~projections.tables.check_table_name`), so it is never one of the
+  stores' own; tables of two projections may not differ only in case (one
+  name in SQLite, so neither store allows it); every generation's names fit
+  PostgreSQL's 63 bytes; statements name relations through
+  :meth:`SqlStore.relation` (schema-qualified in PostgreSQL).
 
 Exactly once: a batch's rows, dead letters and checkpoint go into one
 transaction whose first statement moves the checkpoint only if it still
@@ -41,7 +47,7 @@ from contextlib import AbstractContextManager
 from operator import itemgetter
 from typing import Any, Protocol
 
-from .errors import CheckpointConflictError, ProjectionDefinitionError, RebuildError, RowError
+from .errors import CheckpointConflictError, ProjectionDefinitionError, ReadModelNotFoundError, RebuildError, RowError
 from .projection import Projection
 from .store import (
     DeadLetter,
@@ -106,6 +112,13 @@ CREATE TABLE IF NOT EXISTS _jetsourcing_dead_letters (
 """
 """The bookkeeping tables; the type names mean the same in SQLite (by affinity) and PostgreSQL."""
 
+BOOKKEEPING = ("_jetsourcing_meta", "_jetsourcing_projections", "_jetsourcing_generations", "_jetsourcing_dead_letters")
+"""The bookkeeping tables' names: the statements below name them unqualified (a dialect may qualify them)."""
+
+MAX_IDENTIFIER_BYTES = 63
+"""The longest name of a table or index, in both stores: PostgreSQL silently cuts longer ones, so two
+generations' names could become one."""
+
 _GEN_COLUMNS = (
     "projection, generation, version, state, checkpoint, definition, stream, owner, target, created_at, heartbeat_at"
 )
@@ -152,31 +165,52 @@ def quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def upsert_sql(physical: str, table: Table) -> str:
-    """Insert a whole row, or replace every non-key column of the row with its key (both dialects' syntax)."""
+def upsert_sql(physical: str, table: Table, relation: str | None = None) -> str:
+    """Insert a whole row, or replace every non-key column of the row with its key (both dialects' syntax);
+    ``relation`` is how the statement names the table (default: ``physical`` quoted)."""
     names = table.column_names
     cols = ", ".join(quote(c) for c in names)
     keys = ", ".join(quote(k) for k in table.key)
     values = [c for c in names if c not in table.key]
     action = ("DO UPDATE SET " + ", ".join(f"{quote(c)} = excluded.{quote(c)}" for c in values)) if values else "DO NOTHING"
-    return f"INSERT INTO {quote(physical)} ({cols}) VALUES ({', '.join('?' * len(names))}) ON CONFLICT ({keys}) {action}"
+    placeholders = ", ".join("?" * len(names))
+    return f"INSERT INTO {relation or quote(physical)} ({cols}) VALUES ({placeholders}) ON CONFLICT ({keys}) {action}"
+
+
+def generation_names(table: Table, physical: str) -> list[str]:
+    """The names one generation of ``table`` takes: its physical table ``physical``, then one per index.
+
+    Raises :class:`ProjectionDefinitionError` when one is longer than :data:`MAX_IDENTIFIER_BYTES`, in every
+    store alike (names are ASCII, so bytes are characters).
+    """
+    names = [physical, *(f"{physical}__i{i}" for i in range(len(table.indexes)))]
+    for name in names:
+        if len(name.encode()) > MAX_IDENTIFIER_BYTES:
+            raise ProjectionDefinitionError(
+                f"Table {table.name!r} cannot get the name {name!r} for a generation: it is {len(name.encode())} "
+                f"bytes long, and PostgreSQL keeps {MAX_IDENTIFIER_BYTES} bytes of a name (it would cut it, so two "
+                "names could become one). Rename the table to a shorter name, or declare fewer indexes."
+            )
+    return names
 
 
 class TableOps:
-    """Prepared SQL and row conversions for one physical table."""
+    """Prepared SQL and row conversions for one physical table, named in statements as ``relation`` (the
+    store's :meth:`SqlStore.relation` of it)."""
 
-    __slots__ = ("table", "physical", "select", "upsert", "delete", "values", "bools", "names", "order")
+    __slots__ = ("table", "physical", "relation", "select", "upsert", "delete", "values", "bools", "names", "order")
 
-    def __init__(self, table: Table, physical: str) -> None:
+    def __init__(self, table: Table, physical: str, relation: str) -> None:
         self.table = table
         self.physical = physical
+        self.relation = relation
         names = table.column_names
         self.names = names
         cols = ", ".join(quote(c) for c in names)
         where = " AND ".join(f"{quote(k)} = ?" for k in table.key)
-        self.select = f"SELECT {cols} FROM {quote(physical)} WHERE {where}"
-        self.upsert = upsert_sql(physical, table)
-        self.delete = f"DELETE FROM {quote(physical)} WHERE {where}"
+        self.select = f"SELECT {cols} FROM {relation} WHERE {where}"
+        self.upsert = upsert_sql(physical, table, relation)
+        self.delete = f"DELETE FROM {relation} WHERE {where}"
         self.order = ", ".join(quote(k) for k in table.key)
         getter = itemgetter(*names)
         self.values: Callable[[Row], tuple[Any, ...]] = getter if len(names) > 1 else (lambda row: (getter(row),))
@@ -250,7 +284,17 @@ class SqlStore(ReadModelStore):
 
     @abstractmethod
     def relations(self) -> Iterable[tuple[str, str]]:
-        """Every table and view of the store's namespace, as (name, 'table' | 'view')."""
+        """Every name taken in the store's namespace, as (name, kind): kind 'table', 'view', 'index', or what
+        else the database keeps there under a name a table would clash with ('sequence', 'type', ...)."""
+
+    def relation(self, name: str) -> str:
+        """``name`` as statements write it: quoted, and qualified with the store's schema where it has one
+        (so a name never resolves in another schema, such as PostgreSQL's ``pg_catalog``)."""
+        return quote(name)
+
+    def table_ops(self, table: Table, physical: str) -> TableOps:
+        """The prepared statements of ``table`` stored as ``physical`` (a generation's table, or the view)."""
+        return TableOps(table, physical, self.relation(physical))
 
     @abstractmethod
     def executemany(self, statement: str, rows: Sequence[Sequence[Any]]) -> None:
@@ -271,16 +315,29 @@ class SqlStore(ReadModelStore):
         cursor: Cursor = self.conn.execute(self.sql(statement), params)
         return cursor
 
-    def _install(self) -> None:
-        with self._write():
-            for statement in _SCHEMA.split(";"):
-                if statement.strip():
-                    self.execute(statement)
-            self.execute(
-                "INSERT INTO _jetsourcing_meta (key, value) VALUES ('store_id', ?) ON CONFLICT (key) DO NOTHING",
-                (uuid.uuid4().hex,),
-            )
-        self.store_id: str = self.execute("SELECT value FROM _jetsourcing_meta WHERE key = 'store_id'").fetchone()[0]
+    def _install(self, *, create: bool = True) -> None:
+        """Create the bookkeeping tables and the store's id if missing (and only then: a role that may read and
+        write them need not be allowed to create tables); with ``create`` False, raise
+        :class:`ReadModelNotFoundError` instead."""
+        found = None
+        if {name for name, kind in self.relations() if kind == "table"}.issuperset(BOOKKEEPING):
+            found = self.execute("SELECT value FROM _jetsourcing_meta WHERE key = 'store_id'").fetchone()
+        if found is None:
+            if not create:
+                raise ReadModelNotFoundError(
+                    f"No read models in {self.location} yet: no projection has run against it (nothing was "
+                    "created). Check the database setting (--db, JETSOURCING_DATABASE), or run a projection first."
+                )
+            with self._write():
+                for statement in _SCHEMA.split(";"):
+                    if statement.strip():
+                        self.execute(statement)
+                self.execute(
+                    "INSERT INTO _jetsourcing_meta (key, value) VALUES ('store_id', ?) ON CONFLICT (key) DO NOTHING",
+                    (uuid.uuid4().hex,),
+                )
+            found = self.execute("SELECT value FROM _jetsourcing_meta WHERE key = 'store_id'").fetchone()
+        self.store_id: str = found[0]
 
     def _write(self) -> AbstractContextManager[None]:
         return _WriteTx(self)
@@ -302,23 +359,25 @@ class SqlStore(ReadModelStore):
             f"{quote(c.name)} {self.column_type(c.type)}{'' if c.nullable else ' NOT NULL'}" for c in table.columns
         )
         pk = ", ".join(quote(k) for k in table.key)
-        statements = [f"CREATE TABLE {quote(physical)} ({cols}, PRIMARY KEY ({pk})){self.table_options()}"]
-        for i, index in enumerate(table.indexes):
-            statements.append(
-                f"CREATE INDEX {quote(f'{physical}__i{i}')} ON {quote(physical)} ({', '.join(quote(c) for c in index)})"
-            )
+        relation = self.relation(physical)
+        statements = [f"CREATE TABLE {relation} ({cols}, PRIMARY KEY ({pk})){self.table_options()}"]
+        for name, index in zip(generation_names(table, physical)[1:], table.indexes):
+            # An index lives in its table's schema: its own name is never qualified.
+            statements.append(f"CREATE INDEX {quote(name)} ON {relation} ({', '.join(quote(c) for c in index)})")
         return statements
 
     def _create_generation_tables(self, tables: Sequence[Table], generation: int) -> None:
-        for table in tables:
-            physical = physical_name(table.name, generation)
-            self.execute(f"DROP TABLE IF EXISTS {quote(physical)}")
+        created = [(table, physical_name(table.name, generation)) for table in tables]
+        for table, physical in created:
+            generation_names(table, physical)  # every name is checked before the first statement
+        for table, physical in created:
+            self.execute(f"DROP TABLE IF EXISTS {self.relation(physical)}")
             for statement in self._create_sql(table, physical):
                 self.execute(statement)
 
     def _drop_generation_tables(self, name: str, generation: Generation) -> None:
         for table in tables_of(generation.definition):
-            self.execute(f"DROP TABLE IF EXISTS {quote(physical_name(table.name, generation.generation))}")
+            self.execute(f"DROP TABLE IF EXISTS {self.relation(physical_name(table.name, generation.generation))}")
         self.execute(
             "DELETE FROM _jetsourcing_dead_letters WHERE projection = ? AND generation = ?", (name, generation.generation)
         )
@@ -327,35 +386,48 @@ class SqlStore(ReadModelStore):
         )
 
     def _check_table_names(self, projection: Projection) -> None:
-        """Refuse tables whose names another projection, or a table not made by jetsourcing, already uses."""
-        mine = {t.name for t in projection.tables}
+        """Refuse tables whose names, in any letter case, another projection's tables or a relation not made by
+        jetsourcing already use: SQLite ignores case in names, so both stores refuse what SQLite would merge."""
+        mine = {t.name.lower(): t.name for t in projection.tables}
         for other, definition in self.execute(
             "SELECT projection, definition FROM _jetsourcing_generations WHERE projection != ? AND state != 'retired'",
             (projection.name,),
         ):
-            clash = mine & {t["name"] for t in json.loads(definition)["tables"]}
-            if clash:
-                raise ProjectionDefinitionError(
-                    f"Projection {projection.name!r} declares table(s) {sorted(clash)} already used by projection "
-                    f"{other!r} in {self.location}. Rename the tables, or use another database."
-                )
+            for theirs in (t["name"] for t in json.loads(definition)["tables"]):
+                name = mine.get(theirs.lower())
+                if name == theirs:
+                    raise ProjectionDefinitionError(
+                        f"Projection {projection.name!r} declares table {name!r}, already used by projection "
+                        f"{other!r} in {self.location}. Rename the table, or use another database."
+                    )
+                if name is not None:
+                    raise ProjectionDefinitionError(
+                        f"Projection {projection.name!r} declares table {name!r}, and projection {other!r} in "
+                        f"{self.location} has table {theirs!r}: names that differ only in case are one table in "
+                        "SQLite, so neither store allows them. Rename the table, or use another database."
+                    )
         live = self.live_generation(projection.name)
-        own_views = {t.name for t in tables_of(live.definition)} if live else set()
+        own_views = {t.name.lower() for t in tables_of(live.definition)} if live else set()
         for name, kind in self.relations():
-            if name in mine and name not in own_views:
+            folded = name.lower()
+            if folded in mine and not (kind == "view" and folded in own_views):
+                same = "" if name == mine[folded] else (
+                    f", which differs only in case from table {mine[folded]!r} (one name in SQLite, so neither "
+                    "store allows it)")
                 raise ProjectionDefinitionError(
-                    f"{kind.capitalize()} {name!r} already exists in {self.location} and was not made for projection "
-                    f"{projection.name!r}. Rename the projection's table, or use another database."
+                    f"{kind.capitalize()} {name!r} already exists in {self.location}{same}, and was not made for "
+                    f"projection {projection.name!r}. Rename the projection's table, or use another database."
                 )
 
     def _point_views(self, old: Generation | None, new: Generation) -> None:
         if old is not None:
             for table in tables_of(old.definition):
-                self.execute(f"DROP VIEW IF EXISTS {quote(table.name)}")
+                self.execute(f"DROP VIEW IF EXISTS {self.relation(table.name)}")
         for table in tables_of(new.definition):
-            self.execute(f"DROP VIEW IF EXISTS {quote(table.name)}")
+            self.execute(f"DROP VIEW IF EXISTS {self.relation(table.name)}")
             self.execute(
-                f"CREATE VIEW {quote(table.name)} AS SELECT * FROM {quote(physical_name(table.name, new.generation))}"
+                f"CREATE VIEW {self.relation(table.name)} AS SELECT * FROM "
+                f"{self.relation(physical_name(table.name, new.generation))}"
             )
 
     def _insert_generation(self, projection: Projection, generation: int, state: str, stream: str, owner: str | None,
@@ -603,20 +675,20 @@ class SqlStore(ReadModelStore):
 
     def get(self, table: str, key: Key) -> Row | None:
         declared = self._live_table(table)
-        ops = TableOps(declared, table)
+        ops = self.table_ops(declared, table)
         row = self.execute(ops.select, declared.key_values(key)).fetchone()
         return None if row is None else ops.from_storage(row)
 
     def rows(self, table: str, where: Mapping[str, Any] | None = None) -> list[Row]:
         declared = self._live_table(table)
-        ops = TableOps(declared, table)
+        ops = self.table_ops(declared, table)
         equal = dict(where or {})
         for column in equal:
             declared.column(column)
         condition = " AND ".join(f"{quote(c)} = ?" if v is not None else f"{quote(c)} IS NULL" for c, v in equal.items())
         params = [v for v in equal.values() if v is not None]
         cursor = self.execute(
-            f"SELECT {', '.join(quote(c) for c in ops.names)} FROM {quote(table)}"
+            f"SELECT {', '.join(quote(c) for c in ops.names)} FROM {ops.relation}"
             + (f" WHERE {condition}" if condition else ""),
             params,
         )
@@ -659,11 +731,11 @@ class SqlWriter(Writer):
         self.transient_errors = store.transient_errors
         tables = tables_of(generation.definition)
         self.tables = {t.name: t for t in tables}
-        self.ops = {t.name: TableOps(t, physical_name(t.name, generation.generation)) for t in tables}
-        self.physical_names = {t.name: quote(op.physical) for t, op in zip(tables, self.ops.values())}
+        self.ops = {t.name: store.table_ops(t, physical_name(t.name, generation.generation)) for t in tables}
+        self.physical_names = {t.name: op.relation for t, op in zip(tables, self.ops.values())}
         self.cache = RowCache(self.tables, store.cache_rows)
         for name, ops in self.ops.items():
-            if store.execute(f"SELECT 1 FROM {quote(ops.physical)} LIMIT 1").fetchone() is None:
+            if store.execute(f"SELECT 1 FROM {ops.relation} LIMIT 1").fetchone() is None:
                 self.cache.complete.add(name)
 
     def transaction(self) -> "SqlTransaction":
@@ -712,7 +784,8 @@ class SqlTransaction(WriteTransaction):
         return None if row is None else ops.from_storage(row)
 
     def table_name(self, table: str) -> str:
-        """The quoted physical name of declared ``table`` in the generation this transaction writes."""
+        """The quoted physical name of declared ``table`` in the generation this transaction writes (with its
+        schema, in PostgreSQL)."""
         return self._writer.physical_names[table]
 
     def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[Any]:

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from .errors import ReadModelNotFoundError
 from .sql import SqlStore
 from .tables import COLUMN_TYPES
 
@@ -34,7 +35,9 @@ class SqliteStore(SqlStore):
 
     ``synchronous`` is SQLite's: ``NORMAL`` (default) survives process crashes,
     ``FULL`` also power loss. ``busy_timeout_s`` bounds how long a write waits
-    for another process's write (a rebuild and the daemon take turns).
+    for another process's write (a rebuild and the daemon take turns). With
+    ``create=False`` nothing is created (no file, folder or table): a missing
+    file or bookkeeping raises :class:`~projections.errors.ReadModelNotFoundError`.
     """
 
     transient_errors = (sqlite3.OperationalError,)
@@ -46,21 +49,37 @@ class SqliteStore(SqlStore):
         synchronous: Literal["NORMAL", "FULL"] = "NORMAL",
         busy_timeout_s: float = 30.0,
         cache_rows: int = 100_000,
+        create: bool = True,
     ) -> None:
         self.path = Path(path)
         self.location = str(self.path)
         self.cache_rows = cache_rows
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if create:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            target: str | Path = self.path
+        elif not self.path.is_file():
+            raise ReadModelNotFoundError(
+                f"No read-model database at {self.path}: no projection has run against it yet (nothing was "
+                "created). Check --db (JETSOURCING_DATABASE), or run a projection first."
+            )
+        else:
+            target = self.path.absolute().as_uri() + "?mode=rw"  # opened as it is, never created
         # Used from one thread at a time, but not always the one that opened it (ReadModelStore.offload).
-        self.conn = sqlite3.connect(self.path, isolation_level=None, timeout=busy_timeout_s, check_same_thread=False)
-        # Switching a new file to WAL does not wait for the busy timeout: the daemon's runners open their
-        # stores at once, in threads, so they take turns here.
-        with _OPENING:
-            self.conn.execute("PRAGMA journal_mode=WAL")
-            self.conn.execute(f"PRAGMA synchronous={'FULL' if synchronous == 'FULL' else 'NORMAL'}")
-            self.conn.execute("PRAGMA cache_size=-65536")
-            self.conn.execute("PRAGMA temp_store=MEMORY")
-            self._install()
+        self.conn = sqlite3.connect(target, isolation_level=None, timeout=busy_timeout_s, check_same_thread=False,
+                                    uri=not create)
+        try:
+            # Switching a new file to WAL does not wait for the busy timeout: the daemon's runners open their
+            # stores at once, in threads, so they take turns here.
+            with _OPENING:
+                if create:  # a file of ours is in WAL mode already: the mode is kept in the file
+                    self.conn.execute("PRAGMA journal_mode=WAL")
+                self.conn.execute(f"PRAGMA synchronous={'FULL' if synchronous == 'FULL' else 'NORMAL'}")
+                self.conn.execute("PRAGMA cache_size=-65536")
+                self.conn.execute("PRAGMA temp_store=MEMORY")
+                self._install(create=create)
+        except BaseException:
+            self.conn.close()
+            raise
 
     def sql(self, statement: str) -> str:
         return statement
@@ -79,7 +98,7 @@ class SqliteStore(SqlStore):
 
     def relations(self) -> Iterable[tuple[str, str]]:
         rows: list[tuple[str, str]] = self.conn.execute(
-            "SELECT name, type FROM sqlite_master WHERE type IN ('table', 'view')"
+            "SELECT name, type FROM sqlite_master WHERE type IN ('table', 'view', 'index')"
         ).fetchall()
         return rows
 

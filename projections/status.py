@@ -80,7 +80,11 @@ async def read_status(
     event_store: EventStore | None = None,
     store: ReadModelStore | None = None,
 ) -> list[ProjectionStatus]:
-    """The status of every projection in the store (``settings.database`` unless ``store`` is given)."""
+    """The status of every projection in the store (``settings.database`` unless ``store`` is given).
+
+    Reading creates nothing: where there are no read models yet (no SQLite file, no PostgreSQL schema, or
+    nothing run there), :class:`~projections.errors.ReadModelNotFoundError` says so.
+    """
     settings = settings or ProjectionSettings()
     if store is not None:
         stored = await store.offload(store.statuses)
@@ -108,12 +112,14 @@ async def read_status(
 
 
 def _stored_statuses(settings: ProjectionSettings) -> list[StoredStatus]:
-    with contextlib.closing(open_store(settings)) as store:
+    with contextlib.closing(open_store(settings, create=False)) as store:
         return store.statuses()
 
 
 async def read_statuses(settings: ProjectionSettings) -> tuple[list[ProjectionStatus], list[ReactorStatus] | None]:
-    """The projections' status and the reactors' (None when the server cannot be asked): ``jetsourcing status``."""
+    """The projections' status and the reactors' (None when the server cannot be asked): ``jetsourcing status``.
+
+    Creates nothing, as :func:`read_status`."""
     try:
         es = await connect_event_store(settings)
     except EventStoreError:

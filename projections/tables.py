@@ -49,6 +49,8 @@ COLUMN_TYPES: dict[type, str] = {str: "TEXT", int: "INTEGER", float: "REAL", boo
 MAX_TABLE_NAME = 40
 """The longest table name: ``<name>__g<generation>__i<index>`` must stay within PostgreSQL's 63 bytes."""
 
+_RESERVED_PREFIXES = ("pg_", "sqlite_", "_jetsourcing")
+_RESERVED_BY = {"pg_": "PostgreSQL's catalogs", "sqlite_": "SQLite's catalogs", "_jetsourcing": "jetsourcing's bookkeeping"}
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 _INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
 _TYPE_NAMES = {str: "str", int: "int", float: "float", bool: "bool", bytes: "bytes"}
@@ -69,6 +71,41 @@ def check_name(kind: str, name: object) -> str:
         raise ProjectionDefinitionError(
             f"Invalid {kind} name {name!r}: use letters, digits and '_' (at most 63 characters), starting with "
             "a letter or '_', and not starting with '_jetsourcing' (reserved)."
+        )
+    return name
+
+
+def check_table_name(name: object) -> str:
+    """Return ``name`` if it can name a table in every backend, beside the database's own and the stores' names.
+
+    Refused, whatever the case (SQLite ignores case, and both stores must agree): names SQLite or PostgreSQL
+    keep for their catalogs (``sqlite_*``, ``pg_*``, ``information_schema``) or jetsourcing for its bookkeeping
+    (``_jetsourcing*``), names with ``__`` (the stores name each generation's tables and indexes
+    ``balances__g12__i0``, so a declared name can never be one of them), and names over
+    :data:`MAX_TABLE_NAME` characters.
+    """
+    if isinstance(name, str):
+        folded = name.lower()
+        # A name's generation tables ('pg' -> 'pg__g1') must not fall under a reserved prefix either.
+        prefix = next((p for p in _RESERVED_PREFIXES if (folded + "_").startswith(p)), None)
+        if prefix is not None or folded == "information_schema":
+            what = f"{prefix}* names belong to {_RESERVED_BY[prefix]}" if prefix else (
+                "information_schema is the SQL standard's catalog")
+            raise ProjectionDefinitionError(
+                f"Table name {name!r} is reserved: {what} (in any letter case). Rename the table."
+            )
+    check_name("table", name)
+    assert isinstance(name, str)
+    if "__" in name:
+        raise ProjectionDefinitionError(
+            f"Table name {name!r} contains '__', which the stores keep for each generation's tables and indexes "
+            "(balances__g12__i0). Rename the table (e.g. with a single '_')."
+        )
+    if len(name) > MAX_TABLE_NAME:
+        raise ProjectionDefinitionError(
+            f"Table name {name!r} is {len(name)} characters long; use at most {MAX_TABLE_NAME}: the stores name "
+            "each generation's tables and indexes after it (balances__g12__i0), and PostgreSQL cuts names "
+            "at 63 bytes. Rename the table."
         )
     return name
 
@@ -103,6 +140,8 @@ def _parse_type(table: str, column: str, annotation: object) -> tuple[type, bool
 class Table:
     """A read-model table: name, key columns and typed columns. Immutable; equal when the declarations are.
 
+    ``name`` is letters, digits and '_' (at most 40, without ``__`` and the
+    catalogs' prefixes: see :func:`check_table_name`), checked here.
     ``key`` names one column (rows are then addressed by that column's value)
     or several (rows are addressed by a tuple of their values, in ``key``
     order). ``indexes`` lists secondary indexes for readers' queries, each one
@@ -119,13 +158,7 @@ class Table:
         columns: Mapping[str, object],
         indexes: Sequence[str | Sequence[str]] = (),
     ) -> None:
-        self.name = check_name("table", name)
-        if len(name) > MAX_TABLE_NAME:
-            raise ProjectionDefinitionError(
-                f"Table name {name!r} is {len(name)} characters long; use at most {MAX_TABLE_NAME}: the stores name "
-                "each generation's tables and indexes after it (balances__g12__i0), and PostgreSQL cuts names "
-                "at 63 bytes."
-            )
+        self.name = check_table_name(name)
         if not columns:
             raise ProjectionDefinitionError(f"Table {name!r} declares no columns.")
         cols = []
