@@ -25,7 +25,7 @@ from projection_examples import ACCOUNT, AccountBalances, Deposited, LedgerBalan
 from projection_helpers import both_stores, checkpoint, dump, memory_fold, spawn, tables_in, wait_until
 from tests.support.postgres import unique_schema
 
-SWITCHES = 12
+SWITCHES = 10
 """Rebuilds per test, each switching the daemon's generation away under it."""
 
 
@@ -72,7 +72,7 @@ async def _check_the_read_model(es: EventStore, psettings: ProjectionSettings) -
 async def test_a_daemon_follows_while_rebuilds_switch_in_the_same_event_loop(
     es: EventStore, psettings: ProjectionSettings
 ) -> None:
-    await append_workload(es, workload(1500, accounts=60))
+    await append_workload(es, workload(1000, accounts=60))
     daemon = Daemon([LedgerBalances()], psettings, event_store=es)
     running = asyncio.create_task(daemon.run())
     stop_writing = asyncio.Event()
@@ -93,7 +93,7 @@ async def test_a_daemon_follows_while_rebuilds_switch_in_the_same_event_loop(
 async def test_a_daemon_process_follows_while_another_process_rebuilds_and_switches(
     es: EventStore, psettings: ProjectionSettings, tmp_path: Path
 ) -> None:
-    await append_workload(es, workload(1500, accounts=60))
+    await append_workload(es, workload(1000, accounts=60))
     log = open(tmp_path / "daemon.log", "w+b")
     proc = spawn(psettings, "run", "projection_examples:LedgerBalances", stderr=log)
     stop_writing = asyncio.Event()
