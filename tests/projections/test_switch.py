@@ -215,3 +215,43 @@ def test_a_switch_never_queues_readers_behind_it_for_long(postgres_url: str) -> 
     assert max(waits) < 1.0, max(waits)
     with PostgresStore(postgres_url, schema=schema) as store:
         assert store.live_generation(projection.name).generation == 2  # type: ignore[union-attr]
+
+
+def test_a_switch_gives_up_on_readers_within_the_store_timeout_and_keeps_the_shadow(postgres_url: str) -> None:
+    schema = unique_schema()
+    projection = AccountBalances()
+    with PostgresStore(postgres_url, schema=schema, timeout_s=1) as store:
+        store.ensure_live(projection, "S")
+        shadow = store.create_shadow(projection, "S", "rebuild", 0)
+        with contextlib.closing(psycopg.connect(postgres_url, autocommit=True,
+                                                options=f"-c search_path={schema}")) as long_reader:
+            long_reader.execute("BEGIN")
+            long_reader.execute("SELECT count(*) FROM balances").fetchall()
+            started = time.monotonic()
+            with pytest.raises(psycopg.errors.LockNotAvailable):
+                store.switch(shadow)
+            assert 0.8 < time.monotonic() - started < 3.0
+        [status] = store.statuses()
+        assert status.live is not None and status.live.generation == 1  # the old model stays live
+        assert status.building is not None and status.building.generation == 2  # kept for a resumed rebuild
+        assert store.switch(shadow)  # readers gone: it goes through
+
+
+def test_old_tables_a_reader_still_holds_are_dropped_by_the_next_claim(postgres_url: str) -> None:
+    schema = unique_schema()
+    projection = AccountBalances()
+    with PostgresStore(postgres_url, schema=schema, timeout_s=10) as store:
+        store.ensure_live(projection, "S")
+        store.claim(projection.name, "daemon")
+        shadow = store.create_shadow(projection, "S", "rebuild", 0)
+        with contextlib.closing(psycopg.connect(postgres_url, autocommit=True,
+                                                options=f"-c search_path={schema}")) as old_reader:
+            old_reader.execute("BEGIN")
+            old_reader.execute("SELECT count(*) FROM balances__g1").fetchall()
+            started = time.monotonic()
+            assert store.switch(shadow)
+            assert time.monotonic() - started < 2.0  # the drop waited only briefly
+            assert "balances__g1" in {name for name, _ in store.relations()}
+            old_reader.execute("COMMIT")
+        assert store.claim(projection.name, "daemon").generation == 2
+        assert not any(name.endswith("__g1") for name, _ in store.relations())
