@@ -124,6 +124,9 @@ class Applier:
                 if handler is not None:
                     handler(event, tx)
                     applied += 1
+        except CheckpointConflictError:
+            tx.rollback()
+            raise  # the store found this writer's generation switched away: not the event's fault
         except self.writer.transient_errors:
             tx.rollback()
             raise  # the database failed, not the event: the caller retries the batch

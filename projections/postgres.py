@@ -104,6 +104,7 @@ class PostgresStore(SqlStore):
         self.cache_rows = cache_rows
         self._url = url
         self._timeout_s = timeout_s
+        self.lock_patience_s = timeout_s
         self._closed = False
         self._in_transaction = False
         self.conn = self._connect()
@@ -178,6 +179,19 @@ class PostgresStore(SqlStore):
         self.conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"jetsourcing:{self.schema}",))
 
     for_update = " FOR UPDATE"
+
+    brief_lock_ms = 200
+    """How long a switch waits for the views (and a drop for the old tables) before giving way to readers."""
+
+    def lock_briefly(self) -> None:
+        # Every reader of a view queues behind a waiting ACCESS EXCLUSIVE request: never wait long for one.
+        self.conn.execute(f"SET LOCAL lock_timeout = {int(self.brief_lock_ms)}")
+
+    def lock_busy(self, exc: BaseException) -> bool:
+        return isinstance(exc, psycopg.errors.LockNotAvailable)
+
+    def can_ask_after(self, exc: BaseException) -> bool:
+        return not self.conn.closed and not isinstance(exc, psycopg.errors.QueryCanceled)
 
     def sql(self, statement: str) -> str:
         return _translate(statement, self._qualifier)

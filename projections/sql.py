@@ -33,6 +33,38 @@ generations (create, claim, switch, drop) runs in a *write* transaction
 that the dialect serialises per database, and reads the rows it decides on
 with a row lock, so a switch never retires a generation whose checkpoint
 moved after it looked.
+
+The switch protocol: a daemon's batch and a rebuild's switch may interleave
+in any order, in one process or several, without an error, a lost event or
+a double apply.
+
+* The switch is one transaction: it locks the live generation's row (a
+  commit in flight finishes first, and the switch sees its checkpoint),
+  marks that generation ``retired`` without an owner, makes the shadow
+  live and re-points the views. A batch committing after it fails its
+  compare-and-set: nothing is written, the daemon reloads.
+* A batch reads its rows before its transaction begins, so it may read
+  tables a switch has just dropped. Every failed statement of a writer is
+  followed by a fresh read of its generation: if the writer no longer owns
+  it at its checkpoint, the failure is raised as
+  :class:`CheckpointConflictError` (nothing was written; the daemon
+  reloads), otherwise as itself. Correctness rests on the compare-and-set
+  and this check only, never on when the old tables go.
+* So the old tables go at once after the switch if nothing holds them, or
+  else with the next claim (the daemon reloading, its old writer closed)
+  or rebuild. Waiting until no writer can address them is not something a
+  store can know: a writer in another process may be frozen or cut off,
+  and looks the same as a dead one; what it can ensure is that a writer
+  that does address them loses nothing (above). Dropping at once, not at
+  the next claim, keeps one copy of the model when a rebuild runs while no
+  daemon does.
+* PostgreSQL queues every new reader of a view behind a waiting ACCESS
+  EXCLUSIVE request, so the switch takes the views last and waits for them
+  only briefly (:meth:`SqlStore.lock_briefly`); if readers hold them, the
+  switch rolls back and is tried again with backoff, for at most the
+  store's timeout, and readers wait at most that brief moment. A drop of
+  old tables waits as briefly, then leaves them for later. SQLite's
+  readers (WAL) never wait for a writer.
 """
 
 from __future__ import annotations
@@ -45,7 +77,9 @@ from abc import abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from operator import itemgetter
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
+
+from eventstore import Backoff
 
 from .errors import CheckpointConflictError, ProjectionDefinitionError, ReadModelNotFoundError, RebuildError, RowError
 from .projection import Projection
@@ -308,6 +342,21 @@ class SqlStore(ReadModelStore):
         """Commit the current transaction."""
         self.execute("COMMIT")
 
+    lock_patience_s: float = 30.0
+    """How long a switch goes on trying to take the views (see :meth:`lock_briefly`)."""
+
+    def lock_briefly(self) -> None:
+        """Make the rest of the current transaction wait only briefly for a lock (where readers queue behind a
+        waiting lock request, as PostgreSQL's do); :meth:`lock_busy` then says the wait ran out."""
+
+    def lock_busy(self, exc: BaseException) -> bool:
+        """True when ``exc`` says a brief lock wait (:meth:`lock_briefly`) ran out."""
+        return False
+
+    def can_ask_after(self, exc: BaseException) -> bool:
+        """False when, after ``exc``, another query would only wait again (a lost connection, a timeout)."""
+        return True
+
     # -- plumbing -----------------------------------------------------------
 
     def execute(self, statement: str, params: Sequence[Any] = ()) -> Cursor:
@@ -482,9 +531,12 @@ class SqlStore(ReadModelStore):
             )
             claimed = self._gen(name, number)
         assert claimed is not None
+        # The claimer's writer of a generation switched away is closed by now: drop what the switch left.
+        self._drop_retired(name)
         return claimed
 
     def create_shadow(self, projection: Projection, stream: str, owner: str, target: int) -> Generation:
+        self._drop_retired(projection.name)
         with self._write():
             # Generation numbers only grow, even past abandoned ones (dropped here), so each names one build.
             top = self.execute(
@@ -498,7 +550,7 @@ class SqlStore(ReadModelStore):
                 "UPDATE _jetsourcing_projections SET last_generation = ? WHERE name = ?", (generation, projection.name)
             )
             for row in self.execute(
-                f"SELECT {_GEN_COLUMNS} FROM _jetsourcing_generations WHERE projection = ? AND state != 'live'"
+                f"SELECT {_GEN_COLUMNS} FROM _jetsourcing_generations WHERE projection = ? AND state = 'building'"
                 + self.for_update,
                 (projection.name,),
             ).fetchall():
@@ -538,6 +590,32 @@ class SqlStore(ReadModelStore):
             )
 
     def switch(self, shadow: Generation) -> bool:
+        """See :meth:`ReadModelStore.switch`. The old generation's tables go at once if nothing holds them, else
+        with the next claim or rebuild (see the module docs). A switch whose brief wait for the views ran out
+        (readers hold them) is tried again with backoff, for at most :attr:`lock_patience_s` in all."""
+        backoff = Backoff(f"{shadow.projection}: the switch to generation {shadow.generation}", log,
+                          first_s=0.05, cap_s=1.0)
+        deadline = time.monotonic() + self.lock_patience_s
+        while True:
+            try:
+                switched = self._switch_once(shadow)
+            except Exception as exc:
+                if not self.lock_busy(exc):
+                    raise
+                delay = backoff.failed(f"readers hold its views: {' '.join(str(exc).split())}")
+                if time.monotonic() + delay > deadline:
+                    log.error("%s: readers held the views for %.0f s (a long transaction?): the switch to generation "
+                              "%d gave up; the old model stays live.", shadow.projection, self.lock_patience_s,
+                              shadow.generation)
+                    raise
+                time.sleep(delay)  # the store's own thread, never the event loop
+                continue
+            backoff.succeeded()
+            if switched:
+                self._drop_retired(shadow.projection)
+            return switched
+
+    def _switch_once(self, shadow: Generation) -> bool:
         name = shadow.projection
         with self._write():
             number = self._live_number(name)
@@ -551,7 +629,6 @@ class SqlStore(ReadModelStore):
             live = None if number is None else self._gen(name, number, lock=True)
             if live is not None and live.checkpoint > current.checkpoint:
                 return False
-            self._point_views(live, current)
             if live is not None:
                 self.execute(
                     "UPDATE _jetsourcing_generations SET state = 'retired', owner = NULL "
@@ -574,14 +651,27 @@ class SqlStore(ReadModelStore):
                     "UPDATE _jetsourcing_projections SET generation = ?, updated_at = ? WHERE name = ?",
                     (current.generation, time.time(), name),
                 )
-        if live is not None:
+            # Last, and waiting only briefly: every new reader of a view queues behind a lock request on it.
+            self.lock_briefly()
+            self._point_views(live, current)
+        return True
+
+    def _drop_retired(self, name: str) -> None:
+        """Drop the tables of ``name``'s retired generations, each only if nothing holds them now (a brief lock
+        wait); what is still held is left for the next switch, claim or rebuild."""
+        retired = self.execute(
+            "SELECT generation FROM _jetsourcing_generations WHERE projection = ? AND state = 'retired'", (name,)
+        ).fetchall()
+        for number, in retired:
             try:
                 with self._write():
-                    self._drop_generation_tables(name, live)
-            except Exception as exc:  # noqa: BLE001 - the switch is done; the next rebuild drops what is left
-                log.warning("%s: switched to generation %d, but the old generation %d is not dropped yet (%s); "
-                            "the next rebuild drops it.", name, current.generation, live.generation, exc)
-        return True
+                    gen = self._gen(name, number, lock=True)
+                    if gen is not None and gen.state == GenerationState.RETIRED:
+                        self.lock_briefly()
+                        self._drop_generation_tables(name, gen)
+            except Exception as exc:  # noqa: BLE001 - nothing depends on it; the next claim or rebuild tries again
+                log.info("%s: the retired generation %d is still in use (%s); it is dropped later.", name, number,
+                         " ".join(str(exc).split()))
 
     def discard(self, name: str, generation: int) -> None:
         with self._write():
@@ -735,7 +825,13 @@ class SqlWriter(Writer):
         self.physical_names = {t.name: op.relation for t, op in zip(tables, self.ops.values())}
         self.cache = RowCache(self.tables, store.cache_rows)
         for name, ops in self.ops.items():
-            if store.execute(f"SELECT 1 FROM {ops.relation} LIMIT 1").fetchone() is None:
+            try:
+                empty = store.execute(f"SELECT 1 FROM {ops.relation} LIMIT 1").fetchone() is None
+            except Exception as exc:
+                if self.conflict(exc) is None:
+                    raise
+                break  # switched away since the claim (its tables may be gone): the first batch reloads
+            if empty:
                 self.cache.complete.add(name)
 
     def transaction(self) -> "SqlTransaction":
@@ -756,6 +852,44 @@ class SqlWriter(Writer):
                 (json.dumps(counters), now, gen.projection, self.owner),
             )
         return owned
+
+    def owns(self) -> bool:
+        """True while this writer's generation is live or building, owned by it, at its checkpoint (read now)."""
+        gen = self.generation
+        return self.store.execute(
+            "SELECT 1 FROM _jetsourcing_generations WHERE projection = ? AND generation = ? AND owner = ? "
+            "AND checkpoint = ? AND state IN ('live', 'building')",
+            (gen.projection, gen.generation, self.owner, self.checkpoint),
+        ).fetchone() is not None
+
+    def failed(self, exc: Exception) -> NoReturn:
+        """Raise for ``exc``, which failed one of this writer's statements: :class:`CheckpointConflictError` (from
+        ``exc``) when the writer no longer owns its generation, else ``exc``."""
+        conflict = self.conflict(exc)
+        if conflict is not None:
+            raise conflict from exc
+        raise exc
+
+    def conflict(self, exc: BaseException) -> CheckpointConflictError | None:
+        """After ``exc`` failed one of this writer's statements: the conflict to raise instead when the writer no
+        longer owns its generation (a switch retired it, its tables may be gone), else None (``exc`` stands; also
+        when that cannot be told now: a lost connection, a timeout, a failed transaction)."""
+        if isinstance(exc, CheckpointConflictError) or not self.store.can_ask_after(exc):
+            return None
+        try:
+            if self.owns():
+                return None
+        except Exception:  # noqa: BLE001 - cannot tell: the original error is the one to report
+            return None
+        self.cache.clear()
+        gen = self.generation
+        log.debug("%s: generation %d was switched away under a batch (%s: %s).", gen.projection, gen.generation,
+                  type(exc).__name__, exc)
+        return CheckpointConflictError(
+            f"{gen.projection!r} generation {gen.generation} is no longer owned by {self.owner} at checkpoint "
+            f"{self.checkpoint} (a rebuild switched it away?): nothing was written ({type(exc).__name__}: "
+            f"{' '.join(str(exc).split())})."
+        )
 
     def close(self) -> None:
         self.cache.clear()
@@ -780,7 +914,10 @@ class SqlTransaction(WriteTransaction):
 
     def _fetch(self, table: Table, key: Key) -> Row | None:
         ops = self._writer.ops[table.name]
-        row = self._store.execute(ops.select, table.key_values(key)).fetchone()
+        try:
+            row = self._store.execute(ops.select, table.key_values(key)).fetchone()
+        except Exception as exc:
+            self._writer.failed(exc)
         return None if row is None else ops.from_storage(row)
 
     def table_name(self, table: str) -> str:
@@ -790,16 +927,19 @@ class SqlTransaction(WriteTransaction):
 
     def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[Any]:
         """Run plain SQL inside the batch's transaction (after this transaction's pending writes); return its rows."""
-        self._begin()
-        self._flush()
-        self._reset()
-        self._raw = True
-        if self.cache is not None:
-            self.cache.clear()
-        conn = self._store.conn
-        statement = sql.format_map(self._writer.physical_names)
-        cursor = conn.execute(statement, params) if params else conn.execute(statement)
-        return list(cursor.fetchall()) if cursor.description is not None else []
+        try:
+            self._begin()
+            self._flush()
+            self._reset()
+            self._raw = True
+            if self.cache is not None:
+                self.cache.clear()
+            conn = self._store.conn
+            statement = sql.format_map(self._writer.physical_names)
+            cursor = conn.execute(statement, params) if params else conn.execute(statement)
+            return list(cursor.fetchall()) if cursor.description is not None else []
+        except Exception as exc:
+            self._writer.failed(exc)
 
     def dead_letter(self, letter: DeadLetter) -> None:
         self._letters.append(letter)
@@ -853,8 +993,10 @@ class SqlTransaction(WriteTransaction):
                     ],
                 )
             store.commit()
-        except BaseException:
+        except BaseException as exc:
             self._abort()
+            if isinstance(exc, Exception):
+                writer.failed(exc)  # after the rollback: its check reads outside the failed transaction
             raise
         self._begun = False
         self._letters.clear()

@@ -54,7 +54,7 @@ class GenerationState(str, Enum):
     BUILDING = "building"
     """Being filled by a rebuild; invisible to readers until the switch."""
     RETIRED = "retired"
-    """Replaced by a rebuilt generation; its tables are dropped."""
+    """Replaced by a rebuilt generation: no writer commits to it any more; its tables are dropped."""
 
 
 class RunState(str, Enum):
@@ -220,7 +220,10 @@ class ReadModelStore(ABC):
         """Atomically make ``shadow`` the live generation if its checkpoint has reached the live one's.
 
         Returns False (changing nothing) when the live generation is further
-        ahead: catch up and try again. The old generation is dropped.
+        ahead: catch up and try again. The old generation is retired: its
+        writer's next batch raises :class:`~projections.errors.CheckpointConflictError`
+        and writes nothing, whatever it was doing at the switch (never a
+        database error, even once the old tables are dropped).
         """
 
     @abstractmethod

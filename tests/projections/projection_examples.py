@@ -243,3 +243,46 @@ class SlowBalances(AccountBalancesV2):
 
         time.sleep(0.002)
         super().deposited(event, tx)
+
+
+class DoubleApplyError(AssertionError):
+    """An event reached a handler of a read model that had already applied it."""
+
+
+class LedgerBalances(AccountBalances):
+    """AccountBalances that also keeps, per account, the last (position, index) applied, and fails on an event at
+    or before it: a double apply stops the daemon (``stop`` policy) instead of hiding in the sums."""
+
+    name = "ledger_balances"
+    tables = (*AccountBalances.tables,
+              Table("applied", key="account_id", columns={"account_id": str, "position": int, "event_index": int,
+                                                          "events": int}))
+
+    def _once(self, event: RecordedEvent, tx: Transaction) -> None:
+        account = event.stream_id.entity_id
+        row = tx.get("applied", account)
+        if row is not None and (event.position, event.index) <= (row["position"], row["event_index"]):
+            raise DoubleApplyError(f"{account}: event ({event.position}, {event.index}) applied after "
+                                   f"({row['position']}, {row['event_index']})")
+        tx.upsert("applied", account, {"position": event.position, "event_index": event.index,
+                                       "events": (row["events"] if row else 0) + 1})
+
+    @handles(AccountOpened)
+    def opened(self, event: RecordedEvent, tx: Transaction) -> None:
+        self._once(event, tx)
+        super().opened(event, tx)
+
+    @handles(Deposited)
+    def deposited(self, event: RecordedEvent, tx: Transaction) -> None:
+        self._once(event, tx)
+        super().deposited(event, tx)
+
+    @handles(Withdrawn)
+    def withdrawn(self, event: RecordedEvent, tx: Transaction) -> None:
+        self._once(event, tx)
+        super().withdrawn(event, tx)
+
+    @handles(AccountClosed)
+    def closed(self, event: RecordedEvent, tx: Transaction) -> None:
+        self._once(event, tx)
+        super().closed(event, tx)
