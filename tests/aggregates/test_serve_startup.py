@@ -1,0 +1,110 @@
+"""``jetsourcing serve`` starts while its stream elects a leader or while the server's replies are lost: it waits
+and serves, instead of exiting 1; SIGTERM still ends the wait at once."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import date
+from pathlib import Path
+
+import pytest
+
+from aggregates import CommandClient, Repository
+from eventstore import EmbeddedCluster, EventStore, EventStoreSettings
+from samples.bank.account import Account
+from samples.bank.commands import Deposit, OpenAccount
+
+from ..conftest import unique_settings
+from tests.support.elections import kill_the_leader
+from tests.support.proxy import Proxy
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@asynccontextmanager
+async def serve(settings: EventStoreSettings, url: str, prefix: str) -> AsyncIterator[asyncio.subprocess.Process]:
+    """``jetsourcing serve`` of the bank's commands on ``settings``' stream, through ``url``, started (not ready)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JETSOURCING_")}
+    env.update({"NATS_URL": url, "JETSOURCING_STREAM": settings.stream, "PYTHONPATH": str(ROOT),
+                "JETSOURCING_SUBJECT_PREFIX": settings.subject_prefix, "JETSOURCING_REPLICAS": str(settings.replicas),
+                "JETSOURCING_REQUEST_TIMEOUT_S": str(settings.request_timeout_s)})
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "projections.cli", "serve", "samples.bank.commands:command_service",
+        "--command-prefix", prefix, env=env, stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        yield process
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+async def until_logged(process: asyncio.subprocess.Process, text: str, timeout_s: float) -> list[str]:
+    """The lines ``process`` logged until one holding ``text``; fails if it ended first or took ``timeout_s``."""
+    assert process.stderr is not None
+    lines: list[str] = []
+    async with asyncio.timeout(timeout_s):
+        while text not in (lines[-1] if lines else ""):
+            line = await process.stderr.readline()
+            assert line, f"the service ended (exit code {await process.wait()}) before logging {text!r}: {lines}"
+            lines.append(line.decode().rstrip())
+    return lines
+
+
+async def serves_then_drains(store: EventStore, prefix: str, process: asyncio.subprocess.Process) -> None:
+    """A command is served, then SIGTERM ends the service with exit code 0."""
+    client = CommandClient(store, subject_prefix=prefix, timeout_s=10)
+    await client.send(Account, "acc-1", OpenAccount(owner="Ann"))
+    await client.send(Account, "acc-1", Deposit(amount=5, value_date=date(2026, 1, 1)))
+    assert (await Repository(store, Account).get("acc-1")).state.balance == 5
+    process.send_signal(signal.SIGTERM)
+    async with asyncio.timeout(10):
+        assert await process.wait() == 0
+
+
+@pytest.mark.parametrize("attempt", range(3))  # replies are dropped at random: try it more than once
+async def test_serve_starts_while_replies_are_lost(store: EventStore, attempt: int) -> None:
+    prefix = f"cmd{uuid.uuid4().hex[:8]}"
+    settings = store.settings.model_copy(update={"request_timeout_s": 0.5})
+    async with Proxy(store.settings.nats_url or "", seed=attempt) as proxy:
+        proxy.drop_replies(1.0)
+        async with serve(settings, proxy.url, prefix) as process:
+            # Every reply lost until the first try to read the stream's settings has failed, then half of them.
+            await until_logged(process, f"Checking stream '{settings.stream}' failed", 30)
+            proxy.drop_replies(0.5)
+            await until_logged(process, "serving ", 60)
+            proxy.drop_replies(0.0)
+            await serves_then_drains(store, prefix, process)
+
+
+async def test_serve_stopped_while_it_waits_for_the_server_exits_0_at_once(store: EventStore) -> None:
+    settings = store.settings.model_copy(update={"request_timeout_s": 1.0})
+    async with Proxy(store.settings.nats_url or "") as proxy:
+        proxy.drop_replies(1.0)
+        async with serve(settings, proxy.url, f"cmd{uuid.uuid4().hex[:8]}") as process:
+            await until_logged(process, f"Checking stream '{settings.stream}' failed", 30)
+            process.send_signal(signal.SIGTERM)
+            started = time.monotonic()
+            async with asyncio.timeout(10):
+                assert await process.wait() == 0
+            assert time.monotonic() - started < 2.0
+
+
+async def test_serve_starts_while_its_stream_elects_a_leader(cluster: EmbeddedCluster) -> None:
+    settings = unique_settings(cluster.url, replicas=3, request_timeout_s=1.0)
+    prefix = f"cmd{uuid.uuid4().hex[:8]}"
+    async with await EventStore.connect(settings) as store:
+        # The node killed leads the stream and the meta group: reading the stream's settings waits for the
+        # stream's election (seconds; one request times out after 1 s).
+        await kill_the_leader(cluster, settings.stream)
+        async with serve(settings, cluster.url, prefix) as process:
+            await until_logged(process, "serving ", 60)
+            await serves_then_drains(store, prefix, process)
