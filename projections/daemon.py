@@ -353,12 +353,13 @@ class Daemon:
         self._stop = asyncio.Event()
         # Fail at once, in one error, when the read-model database cannot be used (each runner opens its own).
         await asyncio.to_thread(lambda: open_store(self.settings).close())
-        es = self.event_store or await connect_event_store(self.settings)
+        es = self.event_store or await connect_event_store(self.settings, long_running=True, stop=self._stop)
         try:
             for projection in self.projections:
                 projection.bind(es.registry)
             kv, ttl = await open_lease_bucket(
-                es.nc, self.settings.lease_bucket, self.settings.lease_ttl_s, replicas=es.settings.replicas
+                es.nc, self.settings.lease_bucket, self.settings.lease_ttl_s, replicas=es.settings.replicas,
+                limit_s=es.settings.outage_limit_s, stop=self._stop,
             )
             runners = [
                 ProjectionRunner(p, es, self.settings, kv, ttl, self._stop, until_caught_up=until_caught_up,
