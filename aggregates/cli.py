@@ -103,6 +103,7 @@ async def _serve(path: str, factory: Any, settings: CommandServiceSettings) -> i
             ) from exc
         if not isinstance(service, CommandService):
             raise InvalidArgumentError(f"{path}(store, **options) returned {service!r:.80}, not a CommandService.")
+        await service.start(long_running=True, stop=stop)  # its snapshot buckets wait out an election too
         async with service:
             await stop.wait()
     return 130 if received == [signal.SIGINT] else 0

@@ -334,7 +334,7 @@ class EventStore:
         name, timeout_s = self.settings.stream, self.settings.request_timeout_s
         await ride_out_jetstream(
             self._ensure_stream, what=f"Checking stream {name!r}", logger=log,
-            attempt_s=3 * timeout_s + 1.0,  # a read, a create and a read, each within timeout_s
+            timeout_s=timeout_s, requests=3,  # a read, a create and a read
             limit_s=self.settings.outage_limit_s if long_running else 0.0, stop=stop,
         )
 

@@ -68,7 +68,7 @@ async def open_lease_bucket(
     """
     return await ride_out_jetstream(
         lambda: _open_lease_bucket(nc, bucket, ttl_s, timeout_s, replicas), what=f"Opening the lease bucket {bucket!r}",
-        logger=log, attempt_s=3 * timeout_s + 1.0, limit_s=limit_s, stop=stop,  # a create, or two reads
+        logger=log, timeout_s=timeout_s, requests=3, limit_s=limit_s, stop=stop,  # a create, or two reads
     )
 
 

@@ -65,15 +65,17 @@ async def ride_out_jetstream(
     *,
     what: str,
     logger: logging.Logger,
-    attempt_s: float,
+    timeout_s: float,
+    requests: int = 1,
     limit_s: float | None,
     stop: asyncio.Event | None = None,
 ) -> T:
     """``await call()`` until it succeeds, waiting out the "not now" failures of :func:`not_now` (module docs).
 
-    ``call`` is one idempotent attempt (JetStream API requests, each with a
-    deadline of its own); ``attempt_s`` bounds the whole attempt client-side
-    too, so every attempt ends. Its nats-py errors are translated by
+    ``call`` is one idempotent attempt: up to ``requests`` JetStream API
+    requests, each with a deadline of ``timeout_s`` of its own. The whole
+    attempt is bounded client-side too (``requests * timeout_s`` and a
+    second), so every attempt ends. Its nats-py errors are translated by
     :func:`~eventstore.errors.map_nats_error` (naming ``what``). A "not now"
     is retried with backoff, logged by state, until it has lasted ``limit_s``
     seconds (None: for ever; 0: never retried, nothing logged) or ``stop`` is
@@ -82,8 +84,10 @@ async def ride_out_jetstream(
     is raised at once.
     """
 
+    attempt_s = requests * timeout_s + 1.0
+
     async def attempt() -> T:
-        with map_nats_error(what, attempt_s):
+        with map_nats_error(what, timeout_s):
             if stop is None:
                 async with asyncio.timeout(attempt_s):
                     return await call()

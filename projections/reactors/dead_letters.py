@@ -119,7 +119,7 @@ async def ensure_dead_letter_stream(
     name = dead_letter_stream(settings)
     return await ride_out_jetstream(
         lambda: _ensure_dead_letter_stream(store, name), what=f"Creating the dead-letter stream {name!r}", logger=log,
-        attempt_s=4 * settings.request_timeout_s + 1.0,  # at most two reads and two creates
+        timeout_s=settings.request_timeout_s, requests=4,  # at most two reads and two creates
         limit_s=settings.outage_limit_s if long_running else 0.0, stop=stop,
     )
 

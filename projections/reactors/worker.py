@@ -403,7 +403,7 @@ class ReactorWorker:
         settings = self.store.settings
         await ride_out_jetstream(
             self._ensure_consumer, what=f"reactor {self.reactor.name}: setting up its consumer", logger=log,
-            attempt_s=6 * settings.request_timeout_s + 1.0,  # up to three reads, creates or updates, each bounded
+            timeout_s=settings.request_timeout_s, requests=6,  # up to three reads, and creates or updates
             limit_s=settings.outage_limit_s, stop=self._stop,
         )
         await ensure_dead_letter_stream(self.store, long_running=True, stop=self._stop)
@@ -634,7 +634,7 @@ class ReactorWorker:
         try:  # the consumer may be electing a leader: wait it out as at start (see setup())
             answer = await ride_out_jetstream(
                 self._consumer.info, what=f"reactor {self.reactor.name}: reading its consumer", logger=log,
-                attempt_s=self._api_timeout_s + 1.0, limit_s=self.store.settings.outage_limit_s, stop=self._stop,
+                timeout_s=self._api_timeout_s, limit_s=self.store.settings.outage_limit_s, stop=self._stop,
             )
         except ServerUnavailableError:
             if self._stopping:

@@ -1,5 +1,6 @@
 """``jetsourcing serve`` starts while its stream elects a leader or while the server's replies are lost: it waits
-and serves, instead of exiting 1; SIGTERM still ends the wait at once."""
+and serves, instead of exiting 1; SIGTERM still ends the wait at once. A service's snapshot bucket is opened at
+start the same way."""
 
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from aggregates import CommandClient, Repository
+from aggregates import CommandClient, CommandService, Repository
+from aggregates.snapshots import SnapshotStore
 from eventstore import EmbeddedCluster, EventStore, EventStoreSettings
-from samples.bank.account import Account
+from samples.bank.account import Account, AccountState
 from samples.bank.commands import Deposit, OpenAccount
 
 from ..conftest import unique_settings
@@ -108,3 +110,22 @@ async def test_serve_starts_while_its_stream_elects_a_leader(cluster: EmbeddedCl
         async with serve(settings, cluster.url, prefix) as process:
             await until_logged(process, "serving ", 60)
             await serves_then_drains(store, prefix, process)
+
+
+async def test_a_services_snapshot_bucket_opens_while_the_cluster_elects_a_leader(cluster: EmbeddedCluster) -> None:
+    settings = unique_settings(cluster.url, replicas=3, request_timeout_s=1.0)
+    prefix = f"cmd{uuid.uuid4().hex[:8]}"
+    async with await EventStore.connect(settings) as store:
+        accounts = Repository(store, Account, snapshot_every=1)
+        service = CommandService(store, subject_prefix=prefix)
+        service.add(accounts, OpenAccount, lambda account, c: account.open(c.owner), create=True)
+        # The meta leader killed: creating the snapshot bucket waits for its election (5-10 s).
+        await kill_the_leader(cluster, settings.stream, of_the_stream=False)
+        async with asyncio.timeout(60):
+            await service.start(long_running=True)
+        try:
+            await CommandClient(store, subject_prefix=prefix, timeout_s=10).send(Account, "acc-s", OpenAccount(owner="Sue"))
+            snapshot = await SnapshotStore(store, "Account", AccountState, every=1).get("acc-s")
+            assert snapshot is not None and snapshot.state.owner == "Sue"
+        finally:
+            await service.stop()
