@@ -187,7 +187,10 @@ class CommandService:
         try:
             for subject in self._routes:
                 self._subs.append(await nc.subscribe(subject, queue=self.queue, cb=self._receive))
-            await nc.flush(timeout=math.ceil(self.store.settings.request_timeout_s))
+            # Twice: nats-py writes a flush's PING at once, ahead of SUBs still queued for its flusher task, so the
+            # first PONG can come before the server has the interest; the second PING follows the SUBs.
+            for _ in range(2):
+                await nc.flush(timeout=math.ceil(self.store.settings.request_timeout_s))
         except Exception as exc:
             subs, self._subs = self._subs, []
             for sub in subs:

@@ -15,23 +15,49 @@ from contextlib import asynccontextmanager
 from datetime import date
 from pathlib import Path
 
+import nats
 import pytest
 
-from aggregates import CommandClient, CommandService, Repository
+from aggregates import CommandClient, CommandService, CommandUnavailableError, Repository
 from aggregates.snapshots import SnapshotStore
 from eventstore import EmbeddedCluster, EventStore, EventStoreSettings
 from samples.bank.account import Account, AccountState
 from samples.bank.commands import Deposit, OpenAccount
 
 from ..conftest import unique_settings
-from tests.support.elections import kill_the_leader
+from tests.support.elections import kill_the_leader, leader_killed
 from tests.support.proxy import Proxy
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
+class Served:
+    """A ``jetsourcing serve`` process and every line it has logged so far (read as they come)."""
+
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self.process = process
+        self.lines: list[str] = []
+        self._logged = asyncio.Event()
+        self._reader = asyncio.ensure_future(self._read())
+
+    async def _read(self) -> None:
+        assert self.process.stderr is not None
+        while line := await self.process.stderr.readline():
+            self.lines.append(line.decode().rstrip())
+            self._logged.set()
+        self._logged.set()
+
+    async def until_logged(self, text: str, timeout_s: float) -> None:
+        """Wait until a line holding ``text`` was logged; fails if the process ended first or took ``timeout_s``."""
+        async with asyncio.timeout(timeout_s):
+            while not any(text in line for line in self.lines):
+                assert not self._reader.done(), f"serve ended ({await self.process.wait()}) before {text!r}: {self.lines}"
+                self._logged.clear()
+                await self._logged.wait()
+
+
 @asynccontextmanager
-async def serve(settings: EventStoreSettings, url: str, prefix: str) -> AsyncIterator[asyncio.subprocess.Process]:
+async def serve(settings: EventStoreSettings, url: str, prefix: str) -> AsyncIterator[Served]:
     """``jetsourcing serve`` of the bank's commands on ``settings``' stream, through ``url``, started (not ready)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("JETSOURCING_")}
     env.update({"NATS_URL": url, "JETSOURCING_STREAM": settings.stream, "PYTHONPATH": str(ROOT),
@@ -41,35 +67,34 @@ async def serve(settings: EventStoreSettings, url: str, prefix: str) -> AsyncIte
         sys.executable, "-m", "projections.cli", "serve", "samples.bank.commands:command_service",
         "--command-prefix", prefix, env=env, stderr=asyncio.subprocess.PIPE,
     )
+    served = Served(process)
     try:
-        yield process
+        yield served
     finally:
         if process.returncode is None:
             process.kill()
             await process.wait()
+        await served._reader
 
 
-async def until_logged(process: asyncio.subprocess.Process, text: str, timeout_s: float) -> list[str]:
-    """The lines ``process`` logged until one holding ``text``; fails if it ended first or took ``timeout_s``."""
-    assert process.stderr is not None
-    lines: list[str] = []
-    async with asyncio.timeout(timeout_s):
-        while text not in (lines[-1] if lines else ""):
-            line = await process.stderr.readline()
-            assert line, f"the service ended (exit code {await process.wait()}) before logging {text!r}: {lines}"
-            lines.append(line.decode().rstrip())
-    return lines
-
-
-async def serves_then_drains(store: EventStore, prefix: str, process: asyncio.subprocess.Process) -> None:
+async def serves_then_drains(store: EventStore, prefix: str, served: Served) -> None:
     """A command is served, then SIGTERM ends the service with exit code 0."""
     client = CommandClient(store, subject_prefix=prefix, timeout_s=10)
-    await client.send(Account, "acc-1", OpenAccount(owner="Ann"))
+    async with asyncio.timeout(10):
+        while True:
+            try:
+                await client.send(Account, "acc-1", OpenAccount(owner="Ann"), command_id="open-acc-1")
+                break
+            except CommandUnavailableError:
+                # Nothing ran. On a cluster the service's interest reaches the client's node a moment after the
+                # service's own node has it.
+                assert store.settings.replicas > 1, served.lines
+                await asyncio.sleep(0.05)
     await client.send(Account, "acc-1", Deposit(amount=5, value_date=date(2026, 1, 1)))
     assert (await Repository(store, Account).get("acc-1")).state.balance == 5
-    process.send_signal(signal.SIGTERM)
+    served.process.send_signal(signal.SIGTERM)
     async with asyncio.timeout(10):
-        assert await process.wait() == 0
+        assert await served.process.wait() == 0, served.lines
 
 
 @pytest.mark.parametrize("attempt", range(3))  # replies are dropped at random: try it more than once
@@ -78,25 +103,25 @@ async def test_serve_starts_while_replies_are_lost(store: EventStore, attempt: i
     settings = store.settings.model_copy(update={"request_timeout_s": 0.5})
     async with Proxy(store.settings.nats_url or "", seed=attempt) as proxy:
         proxy.drop_replies(1.0)
-        async with serve(settings, proxy.url, prefix) as process:
+        async with serve(settings, proxy.url, prefix) as served:
             # Every reply lost until the first try to read the stream's settings has failed, then half of them.
-            await until_logged(process, f"Checking stream '{settings.stream}' failed", 30)
+            await served.until_logged(f"Checking stream '{settings.stream}' failed", 30)
             proxy.drop_replies(0.5)
-            await until_logged(process, "serving ", 60)
+            await served.until_logged("serving ", 60)
             proxy.drop_replies(0.0)
-            await serves_then_drains(store, prefix, process)
+            await serves_then_drains(store, prefix, served)
 
 
 async def test_serve_stopped_while_it_waits_for_the_server_exits_0_at_once(store: EventStore) -> None:
     settings = store.settings.model_copy(update={"request_timeout_s": 1.0})
     async with Proxy(store.settings.nats_url or "") as proxy:
         proxy.drop_replies(1.0)
-        async with serve(settings, proxy.url, f"cmd{uuid.uuid4().hex[:8]}") as process:
-            await until_logged(process, f"Checking stream '{settings.stream}' failed", 30)
-            process.send_signal(signal.SIGTERM)
+        async with serve(settings, proxy.url, f"cmd{uuid.uuid4().hex[:8]}") as served:
+            await served.until_logged(f"Checking stream '{settings.stream}' failed", 30)
+            served.process.send_signal(signal.SIGTERM)
             started = time.monotonic()
             async with asyncio.timeout(10):
-                assert await process.wait() == 0
+                assert await served.process.wait() == 0, served.lines
             assert time.monotonic() - started < 2.0
 
 
@@ -107,9 +132,9 @@ async def test_serve_starts_while_its_stream_elects_a_leader(cluster: EmbeddedCl
         # The node killed leads the stream and the meta group: reading the stream's settings waits for the
         # stream's election (seconds; one request times out after 1 s).
         await kill_the_leader(cluster, settings.stream)
-        async with serve(settings, cluster.url, prefix) as process:
-            await until_logged(process, "serving ", 60)
-            await serves_then_drains(store, prefix, process)
+        async with serve(settings, cluster.url, prefix) as served:
+            await served.until_logged("serving ", 60)
+            await serves_then_drains(store, prefix, served)
 
 
 async def test_a_services_snapshot_bucket_opens_while_the_cluster_elects_a_leader(cluster: EmbeddedCluster) -> None:
@@ -119,13 +144,33 @@ async def test_a_services_snapshot_bucket_opens_while_the_cluster_elects_a_leade
         accounts = Repository(store, Account, snapshot_every=1)
         service = CommandService(store, subject_prefix=prefix)
         service.add(accounts, OpenAccount, lambda account, c: account.open(c.owner), create=True)
-        # The meta leader killed: creating the snapshot bucket waits for its election (5-10 s).
-        await kill_the_leader(cluster, settings.stream, of_the_stream=False)
-        async with asyncio.timeout(60):
-            await service.start(long_running=True)
+        # The meta leader killed: creating the snapshot bucket waits for its election (5-10 s, or until it is back).
+        async with leader_killed(cluster, settings.stream, of_the_stream=False):
+            async with asyncio.timeout(60):
+                await service.start(long_running=True)
         try:
             await CommandClient(store, subject_prefix=prefix, timeout_s=10).send(Account, "acc-s", OpenAccount(owner="Sue"))
             snapshot = await SnapshotStore(store, "Account", AccountState, every=1).get("acc-s")
             assert snapshot is not None and snapshot.state.owner == "Sue"
         finally:
             await service.stop()
+
+
+
+async def test_once_a_service_has_started_the_server_routes_its_commands(store: EventStore, nats_url: str) -> None:
+    # nats-py writes a flush's PING at once, ahead of SUBs still queued for its flusher task: after one flush the
+    # server may not have the interest yet, and a client on another connection hears "no responders".
+    other = await nats.connect(nats_url)
+    try:
+        for attempt in range(50):
+            prefix = f"cmd{uuid.uuid4().hex[:8]}"
+            service = CommandService(store, subject_prefix=prefix)
+            service.add(Repository(store, Account), OpenAccount, lambda account, c: account.open(c.owner), create=True)
+            await service.start()
+            try:
+                reply = await CommandClient(other, subject_prefix=prefix).send(Account, f"a{attempt}", OpenAccount(owner="Al"))
+                assert reply.version == 1
+            finally:
+                await service.stop()
+    finally:
+        await other.close()

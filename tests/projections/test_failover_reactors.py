@@ -13,7 +13,7 @@ from eventstore import ANY, EmbeddedCluster, EventStore, RecordedEvent, StreamId
 from projections import Reactor, ReactorWorker, read_reactor_dead_letters
 
 from tests.conftest import unique_settings
-from tests.support.elections import kill_the_leader
+from tests.support.elections import kill_the_leader, leader_killed
 
 
 class Pinged(BaseModel):
@@ -65,8 +65,8 @@ async def test_a_reactor_handles_every_event_across_a_kill_of_its_consumer_leade
 @pytest.mark.parametrize("of_the_stream", [True, False], ids=["stream-and-meta-leader", "meta-leader"])
 async def test_a_reactor_starts_while_its_stream_elects_a_leader(cluster: EmbeddedCluster, of_the_stream: bool) -> None:
     # The node killed leads JetStream's meta group (and the stream): the consumer's and the dead-letter stream's
-    # creation wait for a new meta leader (5-10 s, then perhaps "no suitable peers"), far beyond one request's
-    # timeout. The worker must wait and start, not fail.
+    # creation wait for a new meta leader (5-10 s, then perhaps "no suitable peers" until the node is back, 10 s
+    # later), far beyond one request's timeout. The worker must wait and start, not fail.
     settings = unique_settings(cluster.url, replicas=3, request_timeout_s=1.0)
     async with await EventStore.connect(settings) as store:
         store.registry.register(Pinged)
@@ -76,10 +76,10 @@ async def test_a_reactor_starts_while_its_stream_elects_a_leader(cluster: Embedd
         async def handle(event: RecordedEvent) -> None:
             handled.add(event.position)
 
-        await kill_the_leader(cluster, settings.stream, of_the_stream=of_the_stream)
-        worker = ReactorWorker(store, Reactor("starter", handler=handle, ack_wait_s=2), until_idle=True)
-        async with asyncio.timeout(60):
-            stats = await worker.run()
+        async with leader_killed(cluster, settings.stream, of_the_stream=of_the_stream):
+            worker = ReactorWorker(store, Reactor("starter", handler=handle, ack_wait_s=2), until_idle=True)
+            async with asyncio.timeout(60):
+                stats = await worker.run()
         assert handled == set(positions) and stats.dead_lettered == 0
         assert await read_reactor_dead_letters(store, "starter") == []  # the dead-letter stream exists, empty
 

@@ -2,9 +2,11 @@
 
 A process started just after that meets the elections at once: the meta
 group's (stream, consumer and bucket creation wait for it: requests are
-dropped for 5-10 s, and "no suitable peers" may follow while the new meta
-leader learns who is online) and, when the stream's leader died too, the
-stream's (its reads wait for it).
+dropped for 5-10 s) and, when the stream's leader died too, the stream's (its
+reads wait for it). A new meta leader that has not yet heard from the dead
+node answers "no suitable peers for placement, peer offline" to the creation
+of a replica on every node until that node is back: :func:`leader_killed`
+brings it back after a while, as an operator (or a supervisor) would.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import nats
 
@@ -44,3 +48,21 @@ async def kill_the_leader(cluster: EmbeddedCluster, stream: str, *, of_the_strea
             await asyncio.sleep(0.5)
     finally:
         await nc.close()
+
+
+@asynccontextmanager
+async def leader_killed(
+    cluster: EmbeddedCluster, stream: str, *, of_the_stream: bool = True, back_after_s: float = 10.0
+) -> AsyncIterator[int]:
+    """:func:`kill_the_leader`, and the node started again ``back_after_s`` later; on leaving, waits until it is."""
+    index = await kill_the_leader(cluster, stream, of_the_stream=of_the_stream)
+
+    async def back() -> None:
+        await asyncio.sleep(back_after_s)
+        await asyncio.to_thread(cluster.start_node, index)
+
+    restart = asyncio.ensure_future(back())
+    try:
+        yield index
+    finally:
+        await restart  # not cancelled: the next test's cluster fixture must not race a node starting
