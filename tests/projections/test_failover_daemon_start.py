@@ -1,9 +1,10 @@
 """The daemon starts while JetStream elects a leader: it waits for its stream and its lease bucket, then applies
-every event, instead of exiting."""
+every event, instead of exiting; a stop ends that wait at once."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from projections import Daemon, Outcome
 from projection_examples import AccountBalances, append_workload, register_all, workload
 from projection_helpers import dump, make_settings, memory_fold
 from tests.support.elections import leader_killed
+from tests.support.proxy import Proxy
 
 
 @pytest.mark.parametrize("of_the_stream", [True, False], ids=["stream-and-meta-leader", "meta-leader"])
@@ -37,3 +39,20 @@ async def test_a_daemon_starts_while_its_stream_and_lease_bucket_elect_a_leader(
         assert outcomes == {"account_balances": Outcome.CAUGHT_UP}
         applied = dump(settings, "account_balances")
         assert applied["balances"] and applied == await memory_fold(AccountBalances(), es)
+
+
+async def test_a_daemon_stopped_while_it_waits_for_jetstream_stops_at_once(nats_url: str, tmp_path: Path) -> None:
+    async with Proxy(nats_url) as proxy:
+        proxy.drop_replies(1.0)  # connected, but JetStream's answers never come
+        tag = uuid.uuid4().hex[:10]
+        settings = make_settings(proxy.url, tmp_path / "read-models.sqlite3", eventstore=EventStoreSettings(
+            nats_url=proxy.url, stream=f"P{tag}", subject_prefix=f"p{tag}", request_timeout_s=5.0))
+        daemon = Daemon([AccountBalances()], settings)
+        running = asyncio.ensure_future(daemon.run())
+        await asyncio.sleep(1.5)
+        assert not running.done(), running
+        daemon.stop()
+        started = time.monotonic()
+        async with asyncio.timeout(10):
+            assert await running == {"account_balances": Outcome.STOPPED}
+        assert time.monotonic() - started < 1.5
