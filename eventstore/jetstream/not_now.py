@@ -83,7 +83,6 @@ async def ride_out_jetstream(
     raised, a :class:`~eventstore.ServerUnavailableError`. Any other failure
     is raised at once.
     """
-
     attempt_s = requests * timeout_s + 1.0
 
     async def attempt() -> T:
