@@ -13,7 +13,9 @@ The argument names, by import path, a function that takes the connected
 processes to share the commands (one queue group). SIGTERM or SIGINT drains:
 the commands received finish and reply within ``drain_timeout_s``, then the
 process exits (0 after SIGTERM, 130 after Ctrl-C); a second signal exits at
-once (128 + the signal's number).
+once (128 + the signal's number). At start it waits out a JetStream that
+elects a leader or loses replies, as the outage policy says
+(``JETSOURCING_OUTAGE_LIMIT_S``; by default, for as long as it takes).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import signal
 from collections.abc import Sequence
 from typing import Any
 
-from eventstore import EventStore, InvalidArgumentError, import_object
+from eventstore import EventStore, InvalidArgumentError, ServerUnavailableError, import_object
 from eventstore.cli import server_settings
 
 from .service import CommandService
@@ -83,7 +85,14 @@ async def _serve(path: str, factory: Any, settings: CommandServiceSettings) -> i
 
     for number in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(number, on_signal, number)
-    async with EventStore.connect(settings.eventstore) as store:
+    try:
+        # A long-running process: the stream check waits out an election or lost replies (the outage policy).
+        store = await EventStore.connect(settings.eventstore, long_running=True, stop=stop)
+    except ServerUnavailableError:
+        if received:  # stopped while waiting for the server: nothing was served, nothing to drain
+            return 130 if received == [signal.SIGINT] else 0
+        raise
+    async with store:
         try:
             service = factory(store, **settings.service_options())
         except Exception as exc:
@@ -94,6 +103,7 @@ async def _serve(path: str, factory: Any, settings: CommandServiceSettings) -> i
             ) from exc
         if not isinstance(service, CommandService):
             raise InvalidArgumentError(f"{path}(store, **options) returned {service!r:.80}, not a CommandService.")
+        await service.start(long_running=True, stop=stop)  # its snapshot buckets wait out an election too
         async with service:
             await stop.wait()
     return 130 if received == [signal.SIGINT] else 0

@@ -112,6 +112,13 @@ class Repository(Generic[A]):
             else None
         )
 
+    async def open_snapshots(self, *, long_running: bool = False, stop: asyncio.Event | None = None) -> None:
+        """Open the snapshot bucket ahead of the first command (nothing without ``snapshot_every``); never raises.
+
+        See :meth:`SnapshotStore.open <aggregates.snapshots.SnapshotStore.open>` for how long it waits."""
+        if self._snapshots is not None:
+            await self._snapshots.open(long_running=long_running, stop=stop)
+
     def _register(self, aggregate_type: type[Aggregate[Any]]) -> None:
         if aggregate_type not in self._registered:
             register_events(self.store.registry, aggregate_type.event_types())

@@ -168,22 +168,29 @@ class CommandService:
 
         return register
 
-    async def start(self) -> None:
+    async def start(self, *, long_running: bool = False, stop: asyncio.Event | None = None) -> None:
         """Subscribe to every command's subject in the queue group (returns once the server has the interest).
 
-        Raises :class:`~eventstore.ServerUnavailableError` when the server does not confirm the subscriptions in
-        time; then none is left behind.
+        First the repositories' snapshot buckets are opened (:meth:`Repository.open_snapshots`; with
+        ``long_running``, a JetStream that elects a leader is waited out as the outage policy says, until
+        ``stop``). Raises :class:`~eventstore.ServerUnavailableError` when the server does not confirm the
+        subscriptions in time; then none is left behind.
         """
         if not self._routes:
             raise InvalidArgumentError("The service has no commands: add some before starting it.")
         if self._subs:
             return
+        for repository in {id(route.repository): route.repository for route in self._routes.values()}.values():
+            await repository.open_snapshots(long_running=long_running, stop=stop)
         self._refusing = False
         nc = self.store.nc
         try:
             for subject in self._routes:
                 self._subs.append(await nc.subscribe(subject, queue=self.queue, cb=self._receive))
-            await nc.flush(timeout=math.ceil(self.store.settings.request_timeout_s))
+            # Twice: nats-py writes a flush's PING at once, ahead of SUBs still queued for its flusher task, so the
+            # first PONG can come before the server has the interest; the second PING follows the SUBs.
+            for _ in range(2):
+                await nc.flush(timeout=math.ceil(self.store.settings.request_timeout_s))
         except Exception as exc:
             subs, self._subs = self._subs, []
             for sub in subs:

@@ -36,6 +36,7 @@ from pydantic import BaseModel, ValidationError
 
 from eventstore import EventStore, ServerUnavailableError
 from eventstore.errors import map_nats_error
+from eventstore.jetstream import ride_out_jetstream
 
 __all__ = ["Snapshot", "SnapshotStore", "bucket_name", "fingerprint"]
 
@@ -129,6 +130,27 @@ class SnapshotStore(Generic[S]):
                         )
                     )
             return self._kv
+
+    async def open(self, *, long_running: bool = False, stop: asyncio.Event | None = None) -> bool:
+        """Open the bucket now, creating it if missing, so the first commands find it; True once it is open.
+
+        A JetStream that elects a leader or loses replies is waited out, for
+        about ``request_timeout_s``, or with ``long_running`` (a service's
+        start) as the outage policy says (``outage_limit_s``), until ``stop``.
+        Never raises: a bucket that cannot be opened is logged, and the
+        commands open it as they need it (or replay in full meanwhile).
+        """
+        settings = self.store.settings
+        try:
+            await ride_out_jetstream(
+                lambda: self._bucket(create=True), what=f"Opening the snapshot bucket {self.bucket!r}", logger=log,
+                timeout_s=settings.request_timeout_s, requests=2,  # a read, then a create
+                limit_s=settings.outage_limit_s if long_running else 0.0, stop=stop,
+            )
+        except Exception as exc:  # noqa: BLE001 - snapshots are optional: the commands go on without
+            log.warning("%s; the commands open it when they need it.", exc)
+            return False
+        return True
 
     async def get(self, aggregate_id: str) -> Snapshot[S] | None:
         """The aggregate's snapshot if there is a usable one, else None (within about ``request_timeout_s``)."""

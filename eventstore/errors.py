@@ -51,6 +51,7 @@ __all__ = [
     "StreamConfigError",
     "UnknownEventTypeError",
     "map_nats_error",
+    "not_now_answer",
     "server_unavailable",
 ]
 
@@ -162,23 +163,37 @@ def server_unavailable(what: str, timeout_s: float, exc: BaseException) -> Serve
     return ServerUnavailableError(f"{what}: {why}.")
 
 
+def not_now_answer(what: str, description: object, err_code: object) -> ServerUnavailableError:
+    """The :class:`ServerUnavailableError` for JetStream's "not now" answer (an election, servers offline: the
+    codes of :data:`eventstore.jetstream.TRANSIENT_API_ERRORS`) to ``what``, quoting the server."""
+    return ServerUnavailableError(
+        f"{what}: JetStream answered {description!r} (err_code {err_code}): it is electing a leader, or too few of "
+        "its servers are up. Retry once the cluster has a leader (check that its servers are running)."
+    )
+
+
 @contextlib.contextmanager
 def map_nats_error(what: str, timeout_s: float) -> Iterator[None]:
     """Raise :func:`server_unavailable`'s error for a lost or silent server's errors inside the block.
 
     The one boundary between nats-py's connection errors (timeouts, a closed or
-    reconnecting connection, no responders) and :class:`ServerUnavailableError`.
-    JetStream's answers (:class:`nats.js.errors.APIError`, e.g. "stream not
-    found") are not about the server being unavailable and pass through, as do
-    this package's own errors.
+    reconnecting connection, no responders) and :class:`ServerUnavailableError`;
+    JetStream's "not now" answers (an election: :func:`not_now_answer`) are
+    that too. Its other answers (:class:`nats.js.errors.APIError`, e.g. "stream
+    not found") are not about the server being unavailable and pass through, as
+    do this package's own errors.
     """
     try:
         yield
     except EventStoreError:
         raise  # already says what happened
-    except ServiceUnavailableError as exc:
-        raise server_unavailable(what, timeout_s, exc) from exc
-    except APIError:
+    except APIError as exc:
+        from .jetstream.api import TRANSIENT_API_ERRORS  # not at the top: the jetstream package imports this module
+
+        if exc.err_code in TRANSIENT_API_ERRORS:
+            raise not_now_answer(what, exc.description, exc.err_code) from exc
+        if isinstance(exc, ServiceUnavailableError):
+            raise server_unavailable(what, timeout_s, exc) from exc
         raise
     except (NatsError, asyncio.TimeoutError) as exc:
         raise server_unavailable(what, timeout_s, exc) from exc

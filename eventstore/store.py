@@ -43,6 +43,7 @@ from .events import ANY, AppendResult, ExpectedVersion, RecordedEvent, StreamSta
 from .jetstream.inbox import Inbox
 from .jetstream.api import ErrorCode, Subjects
 from .jetstream.durable import DurableConsumer
+from .jetstream.not_now import ride_out_jetstream
 from .jetstream.transport import SharedConnection
 from .reading import Reader, Replayed, StoredMessage
 from .registry import TypeRegistry
@@ -209,16 +210,19 @@ class EventStore:
         registry: TypeRegistry | None = None,
         *,
         create_stream: bool = True,
+        long_running: bool = False,
+        stop: asyncio.Event | None = None,
         **connect_options: Any,
     ) -> "_Connecting":
         """Connect to ``settings.nats_url`` (or start an embedded server) and make sure the stream exists.
 
         Use it as ``store = await EventStore.connect()`` or ``async with
         EventStore.connect() as store:``. The connection reconnects forever
-        after a lost connection or a server restart. Extra keyword arguments go
-        to :func:`nats.connect`.
+        after a lost connection or a server restart. ``long_running`` and
+        ``stop`` say how long the stream check waits out an election (see
+        :meth:`ensure_stream`). Extra keyword arguments go to :func:`nats.connect`.
         """
-        return _Connecting(cls._connect(settings, registry, create_stream, connect_options))
+        return _Connecting(cls._connect(settings, registry, create_stream, connect_options, long_running, stop))
 
     @classmethod
     async def _connect(
@@ -227,6 +231,8 @@ class EventStore:
         registry: TypeRegistry | None,
         create_stream: bool,
         connect_options: dict[str, Any],
+        long_running: bool = False,
+        stop: asyncio.Event | None = None,
     ) -> "EventStore":
         settings = settings or EventStoreSettings()
         server = None
@@ -270,7 +276,7 @@ class EventStore:
         store._connection_log = connection_log
         if create_stream:
             try:
-                await store.ensure_stream()
+                await store.ensure_stream(long_running=long_running, stop=stop)
             except BaseException:
                 await store.close()  # nothing of a failed connect stays open (nor reconnects forever)
                 raise
@@ -334,7 +340,7 @@ class EventStore:
             allow_atomic=True,
         )
 
-    async def ensure_stream(self) -> None:
+    async def ensure_stream(self, *, long_running: bool = False, stop: asyncio.Event | None = None) -> None:
         """Create the stream if it does not exist, then check it. Never changes an existing stream.
 
         The check is an allow-list over every setting the server reports
@@ -342,10 +348,23 @@ class EventStore:
         stream under whose settings an acknowledged event could vanish, be
         rewritten or go unacknowledged (an age limit, a per-entity limit,
         rollups, message TTLs, memory storage, ...) is refused with
-        :class:`StreamConfigError` naming each such setting and why. A server
-        (or JetStream) that does not answer raises
-        :class:`ServerUnavailableError` within about ``request_timeout_s``.
+        :class:`StreamConfigError` naming each such setting and why.
+
+        A server (or JetStream) that does not answer, or answers "not now" (an
+        election), raises :class:`ServerUnavailableError` within about
+        ``request_timeout_s``; with ``long_running`` (a daemon's or a service's
+        start) the check is retried instead, with backoff, for as long as the
+        outage policy says (``settings.outage_limit_s``; None: for ever) or
+        until ``stop`` is set (see :mod:`eventstore.jetstream.not_now`).
         """
+        name, timeout_s = self.settings.stream, self.settings.request_timeout_s
+        await ride_out_jetstream(
+            self._ensure_stream, what=f"Checking stream {name!r}", logger=log,
+            timeout_s=timeout_s, requests=3,  # a read, a create and a read
+            limit_s=self.settings.outage_limit_s if long_running else 0.0, stop=stop,
+        )
+
+    async def _ensure_stream(self) -> None:
         config = await self._stream_config_json()
         if config is None:
             name = self.settings.stream

@@ -41,7 +41,7 @@ from typing import Any, TypeVar
 
 from nats.js.kv import KeyValue
 
-from eventstore import EventStore, EventStoreError, RecordedEvent, Replayed, stop_task
+from eventstore import EventStore, EventStoreError, RecordedEvent, Replayed, ServerUnavailableError, stop_task
 
 from .applier import Applier, Counters, error_report
 from .backends import open_store
@@ -354,13 +354,24 @@ class Daemon:
         self._stop = asyncio.Event()
         # Fail at once, in one error, when the read-model database cannot be used (each runner opens its own).
         await asyncio.to_thread(lambda: open_store(self.settings).close())
-        es = self.event_store or await connect_event_store(self.settings)
+        try:  # a JetStream that elects a leader is waited out at start (the outage policy), until stop()
+            es = self.event_store or await connect_event_store(self.settings, long_running=True, stop=self._stop)
+        except ServerUnavailableError:
+            if self._stop.is_set():
+                return {p.name: Outcome.STOPPED for p in self.projections}
+            raise
         try:
             for projection in self.projections:
                 projection.bind(es.registry)
-            kv, ttl = await open_lease_bucket(
-                es.nc, self.settings.lease_bucket, self.settings.lease_ttl_s, replicas=es.settings.replicas
-            )
+            try:
+                kv, ttl = await open_lease_bucket(
+                    es.nc, self.settings.lease_bucket, self.settings.lease_ttl_s, replicas=es.settings.replicas,
+                    limit_s=es.settings.outage_limit_s, stop=self._stop,
+                )
+            except ServerUnavailableError:
+                if self._stop.is_set():
+                    return {p.name: Outcome.STOPPED for p in self.projections}
+                raise
             runners = [
                 ProjectionRunner(p, es, self.settings, kv, ttl, self._stop, until_caught_up=until_caught_up,
                                  owner=f"{self.owner}:{p.name}")

@@ -28,7 +28,8 @@ from nats.js.errors import BadRequestError, KeyNotFoundError, KeyWrongLastSequen
 from nats.js.kv import KeyValue
 
 from eventstore import Backoff, stop_task
-from eventstore.jetstream import ErrorCode
+from eventstore.errors import map_nats_error
+from eventstore.jetstream import ErrorCode, ride_out_jetstream
 
 from .errors import LeaseError
 
@@ -44,23 +45,47 @@ def new_owner_id() -> str:
 
 
 async def open_lease_bucket(
-    nc: NATS, bucket: str, ttl_s: float, timeout_s: float = 5.0, replicas: int = 1
+    nc: NATS,
+    bucket: str,
+    ttl_s: float,
+    timeout_s: float = 5.0,
+    replicas: int = 1,
+    *,
+    limit_s: float | None = 0.0,
+    stop: asyncio.Event | None = None,
 ) -> tuple[KeyValue, float]:
     """The lease bucket (created with ``ttl_s`` and ``replicas`` if missing) and its actual TTL in seconds.
 
     An existing bucket keeps its own TTL: every daemon sharing it must agree.
     ``replicas`` should be the event stream's, so that leases survive what the
     stream survives (the loss of a node of an R3 cluster).
+
+    A server that does not answer within ``timeout_s``, or answers "not now"
+    (an election), is asked again with backoff while the failures last less
+    than ``limit_s`` seconds (a long-running process passes its outage policy,
+    ``outage_limit_s``; None: for ever; the default 0: one attempt) and
+    ``stop`` is not set; then :class:`~eventstore.ServerUnavailableError`.
     """
+    return await ride_out_jetstream(
+        lambda: _open_lease_bucket(nc, bucket, ttl_s, timeout_s, replicas), what=f"Opening the lease bucket {bucket!r}",
+        logger=log, timeout_s=timeout_s, requests=3, limit_s=limit_s, stop=stop,  # a create, or two reads
+    )
+
+
+async def _open_lease_bucket(
+    nc: NATS, bucket: str, ttl_s: float, timeout_s: float, replicas: int
+) -> tuple[KeyValue, float]:
     js = nc.jetstream(timeout=timeout_s)
     try:
-        kv = await js.create_key_value(KeyValueConfig(bucket=bucket, ttl=ttl_s, history=1, replicas=replicas))
+        with map_nats_error(f"Creating the lease bucket {bucket!r}", timeout_s):
+            kv = await js.create_key_value(KeyValueConfig(bucket=bucket, ttl=ttl_s, history=1, replicas=replicas))
         return kv, ttl_s
     except BadRequestError as exc:
         if exc.err_code != ErrorCode.STREAM_NAME_IN_USE:
             raise LeaseError(f"Could not create the lease bucket {bucket!r}: {exc}") from exc
-    kv = await js.key_value(bucket)
-    status = await kv.status()
+    with map_nats_error(f"Reading the lease bucket {bucket!r}", timeout_s):
+        kv = await js.key_value(bucket)
+        status = await kv.status()
     ttl = float(status.ttl or 0)
     if ttl <= 0:
         raise LeaseError(

@@ -92,11 +92,12 @@ async def rebuild(
     stays live in every case). ``resume=True`` goes on with the shadow an
     interrupted rebuild of the same version and definition kept (see the
     module docs), or starts afresh if there is none. Connections not given
-    are opened from ``settings`` and closed again.
+    are opened from ``settings`` and closed again; meanwhile a JetStream that
+    elects a leader is waited out as the outage policy says (``outage_limit_s``).
     """
     settings = settings or ProjectionSettings()
     own_es = event_store is None
-    es = event_store or await connect_event_store(settings)
+    es = event_store or await connect_event_store(settings, long_running=True, stop=stop)
     own_store = store is None
     try:
         rm = store if store is not None else await asyncio.to_thread(open_store, settings)
@@ -108,7 +109,8 @@ async def rebuild(
         projection.bind(es.registry)
         if kv is None:
             kv, ttl = await open_lease_bucket(
-                es.nc, settings.lease_bucket, settings.lease_ttl_s, replicas=es.settings.replicas
+                es.nc, settings.lease_bucket, settings.lease_ttl_s, replicas=es.settings.replicas,
+                limit_s=es.settings.outage_limit_s, stop=stop,
             )
         else:
             ttl = settings.lease_ttl_s

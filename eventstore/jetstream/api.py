@@ -21,6 +21,7 @@ ACK_PREFIX: Final = "$JS.ACK"
 class ErrorCode:
     """The ``err_code`` values of JetStream's answers that the framework tells apart."""
 
+    NO_SUITABLE_PEERS: Final = 10005  # "no suitable peers for placement": e.g. a new meta leader that sees peers offline
     JETSTREAM_UNAVAILABLE: Final = 10008  # "temporarily unavailable": no meta or stream leader just now
     CLUSTER_CANNOT_HANDLE: Final = 10009  # "cluster can not handle request": between leaders
     CONSUMER_EXISTS: Final = 10013  # the name is taken by a consumer with another configuration
@@ -31,6 +32,8 @@ class ErrorCode:
     STREAM_NOT_FOUND: Final = 10059
     WRONG_LAST_SEQUENCE: Final = 10071
     STREAM_FULL: Final = 10077  # max_msgs / max_bytes reached with discard new
+    STREAM_OFFLINE: Final = 10118  # every server of the stream's group is offline (10194 adds a reason: unsupported)
+    CONSUMER_OFFLINE: Final = 10119  # every server of the consumer's group is offline (10195: unsupported)
     CONSUMER_ALREADY_EXISTS: Final = 10148
     MSG_ID_IN_PROCESS: Final = 10158  # a write with this message id is being replicated
     LAST_SEQUENCE_UNKNOWN: Final = 10163  # the subject's last sequence is not known yet
@@ -41,8 +44,19 @@ class ErrorCode:
     BATCH_TOO_MANY_INFLIGHT: Final = 10210
 
 
-TRANSIENT_API_ERRORS: Final = frozenset({ErrorCode.JETSTREAM_UNAVAILABLE, ErrorCode.CLUSTER_CANNOT_HANDLE})
-"""Answers of a JetStream that is between leaders: the same request may succeed a moment later."""
+TRANSIENT_API_ERRORS: Final = frozenset({
+    ErrorCode.NO_SUITABLE_PEERS,
+    ErrorCode.JETSTREAM_UNAVAILABLE,
+    ErrorCode.CLUSTER_CANNOT_HANDLE,
+    ErrorCode.STREAM_OFFLINE,
+    ErrorCode.CONSUMER_OFFLINE,
+})
+"""JetStream's "not now": answers of a cluster that is between leaders, or whose servers are (seen as) offline.
+
+Nothing was done; the same request may succeed a moment later (after an
+election: a new meta leader learns which peers are online from their next
+heartbeat, and refuses placements meanwhile). A cluster that stays short of
+servers keeps answering so: callers bound how long they ask again."""
 
 
 class Subjects:

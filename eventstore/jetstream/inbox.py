@@ -21,7 +21,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
 
-from ..errors import ServerUnavailableError, server_unavailable
+from ..errors import ServerUnavailableError, not_now_answer, server_unavailable
 from ..wire import Header
 from .api import TRANSIENT_API_ERRORS
 
@@ -104,15 +104,18 @@ class Inbox:
 
         A clustered JetStream drops API requests until its meta group has a
         leader, answers nothing (503) for a stream without a leader, and says
-        "temporarily unavailable" (:data:`TRANSIENT_API_ERRORS`) meanwhile: each
-        try waits a quarter of ``timeout_s`` (at least 0.5 s), and tries are
-        repeated with jittered backoff until ``timeout_s`` has passed. Then
-        :class:`ServerUnavailableError` names the operation ``what``. Other
-        errors in the answer are returned, for the caller to judge.
+        "not now" (:data:`TRANSIENT_API_ERRORS`: temporarily unavailable, no
+        suitable peers, offline) meanwhile: each try waits a quarter of
+        ``timeout_s`` (at least 0.5 s), and tries are repeated with jittered
+        backoff until ``timeout_s`` has passed. Then
+        :class:`ServerUnavailableError` names the operation ``what`` (and quotes
+        the last "not now", if any). Other errors in the answer are returned,
+        for the caller to judge.
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         step = 0.05
+        refused: dict[str, Any] | None = None  # the last "not now" answer
         while True:
             left = deadline - loop.time()
             try:
@@ -130,10 +133,14 @@ class Inbox:
                             f"{what}: the server's answer is not JSON ({exc}). Is this a NATS server with JetStream "
                             "enabled (-js)?"
                         ) from exc
-                    if (answer.get("error") or {}).get("err_code") not in TRANSIENT_API_ERRORS:
+                    error = answer.get("error") or {}
+                    if error.get("err_code") not in TRANSIENT_API_ERRORS:
                         return answer
+                    refused = error
             left = deadline - loop.time()
             if left <= 0:
+                if refused is not None:
+                    raise not_now_answer(what, refused.get("description"), refused.get("err_code"))
                 raise ServerUnavailableError(
                     f"{what}: JetStream gave no answer within {timeout_s}s (it is electing a leader, or too few of "
                     "its servers are up for a quorum, or it is not enabled: start the server with -js)."

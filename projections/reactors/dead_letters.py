@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -26,10 +27,11 @@ from enum import Enum
 from nats.aio.client import Client as NATS
 from nats.errors import Error as NatsError
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
-from nats.js.errors import NotFoundError
+from nats.js.errors import APIError, NotFoundError
 
 from eventstore import EventStore, EventStoreError, EventStoreSettings, Header, RecordedEvent, StreamConfigError, StreamId
-from eventstore.jetstream import ErrorCode
+from eventstore.errors import map_nats_error
+from eventstore.jetstream import ErrorCode, ride_out_jetstream
 from eventstore.wire import NATS_HEADER_PREFIX, DeadLetterHeader, decode_commit, utc_now_text
 
 from .errors import DeadLetterStreamError
@@ -48,6 +50,8 @@ __all__ = [
 ]
 
 _MAX_ERROR_TEXT = 1000
+
+log = logging.getLogger("jetsourcing.reactors")
 
 
 class DeadLetterReason(str, Enum):
@@ -100,18 +104,35 @@ def _header_text(text: str) -> str:
     return flat if len(flat) <= _MAX_ERROR_TEXT else flat[: _MAX_ERROR_TEXT - 3] + "..."
 
 
-async def ensure_dead_letter_stream(store: EventStore) -> str:
+async def ensure_dead_letter_stream(
+    store: EventStore, *, long_running: bool = False, stop: asyncio.Event | None = None
+) -> str:
     """Create the dead-letter stream if it does not exist (safe to call from many workers at once); return its name.
 
     An existing stream is never changed; it must take the dead-letter subjects.
+    A server that does not answer, or answers "not now" (an election), raises
+    :class:`~eventstore.ServerUnavailableError` within a few ``request_timeout_s``;
+    with ``long_running`` (a worker's start) the call is retried instead, for as
+    long as the outage policy says (``outage_limit_s``) or until ``stop`` is set.
     """
     settings = store.settings
     name = dead_letter_stream(settings)
+    return await ride_out_jetstream(
+        lambda: _ensure_dead_letter_stream(store, name), what=f"Creating the dead-letter stream {name!r}", logger=log,
+        timeout_s=settings.request_timeout_s, requests=4,  # at most two reads and two creates
+        limit_s=settings.outage_limit_s if long_running else 0.0, stop=stop,
+    )
+
+
+async def _ensure_dead_letter_stream(store: EventStore, name: str) -> str:
+    """One attempt of :func:`ensure_dead_letter_stream`; a silent or electing server's errors pass through."""
+    settings = store.settings
     subjects = [dead_letter_subject(settings)]
     js = store.nc.jetstream(timeout=settings.request_timeout_s)
     for _ in range(2):
         try:
-            info = await js.stream_info(name)
+            with map_nats_error(f"Reading the dead-letter stream {name!r}", settings.request_timeout_s):
+                info = await js.stream_info(name)
         except NotFoundError:
             config = StreamConfig(
                 name=name,
@@ -125,13 +146,14 @@ async def ensure_dead_letter_stream(store: EventStore) -> str:
                 allow_direct=True,
             )
             try:
-                await js.add_stream(config)
+                with map_nats_error(f"Creating the dead-letter stream {name!r}", settings.request_timeout_s):
+                    await js.add_stream(config)
                 return name
-            except NatsError as exc:
-                if getattr(exc, "err_code", None) == ErrorCode.STREAM_NAME_IN_USE:
+            except APIError as exc:
+                if exc.err_code == ErrorCode.STREAM_NAME_IN_USE:
                     continue  # another worker created it just now
                 raise DeadLetterStreamError(f"Could not create the dead-letter stream {name!r}: {exc}") from exc
-        except (NatsError, asyncio.TimeoutError) as exc:
+        except APIError as exc:
             raise DeadLetterStreamError(f"Could not read the dead-letter stream {name!r}: {exc}") from exc
         if subjects[0] not in (info.config.subjects or []):
             raise DeadLetterStreamError(

@@ -66,7 +66,17 @@ from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
 from pydantic import BaseModel
 
-from eventstore import Backoff, EventStore, EventStoreError, Header, RecordedEvent, TypeRegistry, stop_task
+from eventstore import (
+    Backoff,
+    EventStore,
+    EventStoreError,
+    Header,
+    RecordedEvent,
+    ServerUnavailableError,
+    TypeRegistry,
+    stop_task,
+)
+from eventstore.jetstream import ride_out_jetstream
 from eventstore.streams import validate_category
 
 from ..metrics import REACTOR_DEAD_LETTERS, REACTOR_DELIVERIES, REACTOR_REDELIVERIES
@@ -373,6 +383,7 @@ class ReactorWorker:
         self._tasks: set[asyncio.Task[None]] = set()
         self._flights: dict[str, tuple[Msg, float]] = {}  # reply subject -> (message, last sign of life)
         self._wake = asyncio.Event()
+        self._stop = asyncio.Event()  # set by stop(): ends a wait for JetStream at start
         self._stopping = False
         self._empty = False
         self._failure: ReactorError | None = None
@@ -384,11 +395,18 @@ class ReactorWorker:
         """Create (or bring in line) the reactor's consumer and the dead-letter stream. Idempotent; ``run()`` calls it.
 
         Call it ahead of ``run()`` to fix where a :meth:`ReactorStart.new` reactor
-        starts, e.g. at deploy time.
+        starts, e.g. at deploy time. A JetStream that elects a leader or loses
+        replies meanwhile is waited out, as the outage policy says (the store's
+        ``outage_limit_s``; None: for as long as it takes), or until :meth:`stop`.
         """
         self._handlers = self.reactor.handlers_by_type(self.store.registry)
-        await self._ensure_consumer()
-        await ensure_dead_letter_stream(self.store)
+        settings = self.store.settings
+        await ride_out_jetstream(
+            self._ensure_consumer, what=f"reactor {self.reactor.name}: setting up its consumer", logger=log,
+            timeout_s=settings.request_timeout_s, requests=6,  # up to three reads, and creates or updates
+            limit_s=settings.outage_limit_s, stop=self._stop,
+        )
+        await ensure_dead_letter_stream(self.store, long_running=True, stop=self._stop)
         r = self.reactor
         span_s = sum(r.retry_delay_s(n) for n in range(1, r.max_deliver))
         if span_s > self.store.settings.duplicate_window_s:
@@ -482,6 +500,7 @@ class ReactorWorker:
         A stopped worker stays stopped: ``run()`` called after ``stop()`` returns at once.
         """
         self._stopping = True
+        self._stop.set()
         self._wake.set()
 
     async def run(self) -> ReactorStats:
@@ -489,10 +508,16 @@ class ReactorWorker:
 
         Raises :class:`ReactorConsumerError` if the consumer is deleted while
         running, and :class:`eventstore.ServerUnavailableError` if the server
-        cannot be reached at start.
+        cannot be reached at start for longer than the outage policy allows
+        (see :meth:`setup`).
         """
         if not self._ready:
-            await self.setup()
+            try:
+                await self.setup()
+            except ServerUnavailableError:
+                if self._stopping:  # stopped while waiting for the server: nothing was taken
+                    return self.stats
+                raise
         nc = self.store.nc
         self._inbox = nc.new_inbox()
         # A backstop for the last delivery of an event whose worker died: the server's advisory, which one
@@ -606,7 +631,15 @@ class ReactorWorker:
                 await self._wake.wait()
 
     async def _idle(self) -> bool:
-        answer = await self._consumer.info()
+        try:  # the consumer may be electing a leader: wait it out as at start (see setup())
+            answer = await ride_out_jetstream(
+                self._consumer.info, what=f"reactor {self.reactor.name}: reading its consumer", logger=log,
+                timeout_s=self._api_timeout_s, limit_s=self.store.settings.outage_limit_s, stop=self._stop,
+            )
+        except ServerUnavailableError:
+            if self._stopping:
+                return False  # the pull loop ends on its stop flag
+            raise
         if answer.error is not None:
             raise ReactorConsumerError(f"The consumer of reactor {self.reactor.name!r} is gone: {answer.description}")
         return bool(answer.info.get("num_pending", 0) == 0 and answer.info.get("num_ack_pending", 0) == 0)

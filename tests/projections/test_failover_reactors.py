@@ -6,12 +6,14 @@ import asyncio
 import json
 import time
 
+import pytest
 from pydantic import BaseModel
 
 from eventstore import ANY, EmbeddedCluster, EventStore, RecordedEvent, StreamId, stop_task
 from projections import Reactor, ReactorWorker, read_reactor_dead_letters
 
 from tests.conftest import unique_settings
+from tests.support.elections import kill_the_leader, leader_killed
 
 
 class Pinged(BaseModel):
@@ -60,19 +62,38 @@ async def test_a_reactor_handles_every_event_across_a_kill_of_its_consumer_leade
         assert await read_reactor_dead_letters(store, "pinger") == []
 
 
-async def test_a_reactor_starts_while_its_stream_elects_a_leader(cluster: EmbeddedCluster) -> None:
-    # Long enough for the election of a meta leader too (the killed node may have been it): ~5-10 s here.
-    settings = unique_settings(cluster.url, replicas=3, request_timeout_s=15.0)
+@pytest.mark.parametrize("of_the_stream", [True, False], ids=["stream-and-meta-leader", "meta-leader"])
+async def test_a_reactor_starts_while_its_stream_elects_a_leader(cluster: EmbeddedCluster, of_the_stream: bool) -> None:
+    # The node killed leads JetStream's meta group (and the stream): the consumer's and the dead-letter stream's
+    # creation wait for a new meta leader (5-10 s, then perhaps "no suitable peers" until the node is back, 10 s
+    # later), far beyond one request's timeout. The worker must wait and start, not fail.
+    settings = unique_settings(cluster.url, replicas=3, request_timeout_s=1.0)
     async with await EventStore.connect(settings) as store:
         store.registry.register(Pinged)
         positions = [(await store.append(StreamId("Ping", str(n)), [Pinged(n=n)], ANY)).position for n in range(10)]
-        leader = await asyncio.to_thread(cluster.wait_for_stream_leader, settings.stream)
         handled: set[int] = set()
 
         async def handle(event: RecordedEvent) -> None:
             handled.add(event.position)
 
-        cluster.kill(leader)
-        worker = ReactorWorker(store, Reactor("starter", handler=handle, ack_wait_s=2), until_idle=True)
-        stats = await asyncio.wait_for(worker.run(), 30)
+        async with leader_killed(cluster, settings.stream, of_the_stream=of_the_stream):
+            worker = ReactorWorker(store, Reactor("starter", handler=handle, ack_wait_s=2), until_idle=True)
+            async with asyncio.timeout(60):
+                stats = await worker.run()
         assert handled == set(positions) and stats.dead_lettered == 0
+        assert await read_reactor_dead_letters(store, "starter") == []  # the dead-letter stream exists, empty
+
+
+async def test_a_reactor_stopped_while_it_waits_to_start_returns_at_once(cluster: EmbeddedCluster) -> None:
+    settings = unique_settings(cluster.url, replicas=3, request_timeout_s=5.0)
+    async with await EventStore.connect(settings) as store:
+        await kill_the_leader(cluster, settings.stream)
+        worker = ReactorWorker(store, Reactor("stopped", handler=lambda event: asyncio.sleep(0)), until_idle=True)
+        running = asyncio.ensure_future(worker.run())
+        await asyncio.sleep(1.0)
+        assert not running.done()
+        worker.stop()
+        started = time.monotonic()
+        async with asyncio.timeout(10):
+            stats = await running
+        assert stats.handled == 0 and time.monotonic() - started < 2.0

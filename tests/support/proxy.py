@@ -8,7 +8,7 @@ A lost acknowledgement (the append is stored, the client never hears so)::
         proxy.drop_acks(1)          # the next publish acknowledgement never reaches the client
 
 A hung server or a black-holed network: :meth:`Proxy.silence`; a stopped
-server: :meth:`Proxy.down`; a server that never says a word:
+server: :meth:`Proxy.down`; lost answers to requests: :meth:`Proxy.drop_replies`; a server that never says a word:
 :class:`SilentServer`. A slow or lossy network: :meth:`Proxy.delay` (latency,
 with jitter) and :meth:`Proxy.lose`. TCP never loses or reorders bytes, so a
 lost packet shows as a latency spike (the retransmission: everything behind it
@@ -63,6 +63,7 @@ class Proxy:
         self._rng = random.Random(seed)
         self.dropping_all = False
         self.dropped = 0
+        self.reply_loss = 0.0
         self.silent = False
         self.latency_s = 0.0
         self.jitter_s = 0.0
@@ -82,6 +83,12 @@ class Proxy:
         (and holds up those behind it); with ``reset_fraction``, that share of chunks resets their connection
         instead (both ends see it closed). 0 turns loss off."""
         self.loss, self.spike_s, self.reset_fraction = fraction, spike_s, reset_fraction
+
+    def drop_replies(self, fraction: float) -> None:
+        """Drop ``fraction`` of the replies the server sends (messages on ``_INBOX.`` subjects: the answers to
+        requests, JetStream's API answers among them), each independently; 0 turns it off. Other messages (those
+        of subscriptions) pass."""
+        self.reply_loss = fraction
 
     def drop_acks(self, count: int) -> None:
         """Swallow the next ``count`` publish acknowledgements (on any connection)."""
@@ -168,6 +175,9 @@ class Proxy:
                         payload = payload[int(line.split()[-2]) :]
                     if _is_pub_ack(payload) and (self.dropping_all or self._to_drop > 0):
                         self._to_drop = max(0, self._to_drop - 1)
+                        self.dropped += 1
+                        continue
+                    if self.reply_loss and line.split()[1].startswith(b"_INBOX.") and self._rng.random() < self.reply_loss:
                         self.dropped += 1
                         continue
                 if not self.silent:
