@@ -12,7 +12,14 @@ bookkeeping. Here:
 * Views are re-created inside the switch's transaction: PostgreSQL's DDL is
   transactional, so a reader sees the old model or the new one, never a mix.
 * Every wait ends: connecting within ``timeout_s``, each statement and each
-  lock wait within ``timeout_s``, and TCP keep-alives notice a dead server.
+  lock wait within ``timeout_s`` (the server's timeouts), and, should the
+  server stop answering altogether, within ``timeout_s`` + 1 s on the client's
+  side (:mod:`projections.postgres_deadline`); TCP keep-alives and
+  ``tcp_user_timeout`` notice a dead peer on the network.
+* A connection that broke or was cut (a restarted, killed or frozen server) is
+  opened again by the next call made outside a transaction; a failed attempt
+  raises :class:`psycopg.OperationalError`, one of the store's
+  ``transient_errors``, which long-running processes wait out.
 * Committed batches are durable as PostgreSQL's ``synchronous_commit`` says
   (on, by default).
 
@@ -30,6 +37,7 @@ from functools import lru_cache
 from typing import Any
 
 from .errors import ProjectionError
+from .postgres_deadline import Deadline, WatchedConnection, WatchedCursor
 from .settings import SCHEMA_PATTERN
 from .sql import SqlStore, quote
 
@@ -41,6 +49,9 @@ except ImportError as exc:  # pragma: no cover - the message is the point
     ) from exc
 
 __all__ = ["PostgresStore"]
+
+_DEADLINE_MARGIN_S = 1.0
+"""The client's deadline comes this long after the server's own timeouts, so a live server's clearer error wins."""
 
 _TYPES = {str: "TEXT", int: "BIGINT", float: "DOUBLE PRECISION", bool: "BOOLEAN", bytes: "BYTEA"}
 _SCHEMA_NAME = re.compile(SCHEMA_PATTERN)
@@ -58,7 +69,9 @@ class PostgresStore(SqlStore):
     ``url`` is a libpq URL (``postgresql://user:password@host:5432/db``;
     its ``options`` parameter is replaced by the store's own settings);
     ``schema`` is created if missing. ``timeout_s`` bounds connecting, every
-    statement and every lock wait.
+    statement and every lock wait; a server that does not answer at all fails
+    a statement ``timeout_s`` + 1 s after it was sent, with a
+    :class:`psycopg.OperationalError`, and the next call reconnects.
     """
 
     transient_errors = (psycopg.OperationalError,)
@@ -76,6 +89,7 @@ class PostgresStore(SqlStore):
         self._timeout_s = timeout_s
         self._closed = False
         self._in_transaction = False
+        self._deadline = Deadline(timeout_s + _DEADLINE_MARGIN_S)
         self.conn = self._connect()
         info = self.conn.info
         self.location = f"PostgreSQL database {info.dbname!r} on {info.host}, schema {schema!r}"
@@ -85,38 +99,57 @@ class PostgresStore(SqlStore):
                 self.conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote(schema)}")
             self._install()
         except BaseException:
-            self.conn.close()
+            self.close()
             raise
 
     def _connect(self) -> "psycopg.Connection[Any]":
-        ms = max(1, int(self._timeout_s * 1000))
         try:
-            conn: psycopg.Connection[Any] = psycopg.connect(
-                self._url,
-                autocommit=True,
-                connect_timeout=max(1, round(self._timeout_s)),
-                # The schema is a checked identifier; search_path makes every name of projections.sql resolve in it.
-                options=f"-c statement_timeout={ms} -c lock_timeout={ms} -c idle_in_transaction_session_timeout="
-                f"{ms * 4} -c search_path={self.schema}",
-                keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=3,
-                application_name="jetsourcing",
-            )
-            return conn
+            return self._open()
         except psycopg.Error as exc:
+            self._deadline.close()
             raise ProjectionError(
                 f"Cannot connect to the read-model database ({' '.join(str(exc).split())}). Check JETSOURCING_DATABASE."
             ) from exc
 
+    def _open(self) -> "psycopg.Connection[Any]":
+        """A new connection, watched by the store's deadline; raises psycopg.OperationalError when it fails."""
+        ms = max(1, int(self._timeout_s * 1000))
+        conn = WatchedConnection.connect(
+            self._url,
+            autocommit=True,
+            # psycopg enforces it on the client's side (at least 2 s).
+            connect_timeout=max(1, round(self._timeout_s)),
+            # The schema is a checked identifier; search_path makes every name of projections.sql resolve in it.
+            options=f"-c statement_timeout={ms} -c lock_timeout={ms} -c idle_in_transaction_session_timeout="
+            f"{ms * 4} -c search_path={self.schema}",
+            # On TCP: a dead peer is noticed while idle (keep-alives) and while data waits for its ACK.
+            keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=3, tcp_user_timeout=ms,
+            application_name="jetsourcing",
+            cursor_factory=WatchedCursor,
+        )
+        conn.deadline = self._deadline
+        try:
+            self._deadline.watch(conn)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
     def _alive(self) -> "psycopg.Connection[Any]":
         """The connection, opened again if the last one broke (a restarted server) between transactions: a
-        retried batch goes on. Inside a transaction a lost connection is an error (what it did is gone)."""
+        retried batch goes on. Inside a transaction a lost connection is an error (what it did is gone). A
+        failed reconnection raises psycopg.OperationalError: transient, like the break itself."""
         if self.conn.closed:
             if self._closed:
                 raise ProjectionError("This PostgreSQL store is closed.")
             if self._in_transaction:
                 raise psycopg.OperationalError("The connection to PostgreSQL was lost inside a transaction.")
-            self.conn = self._connect()
+            self.conn = self._open()
         return self.conn
+
+    def interrupt(self) -> None:
+        """End the statement in flight (from any thread): it fails, and the next call reconnects."""
+        self._deadline.interrupt()
 
     def execute(self, statement: str, params: Sequence[Any] = ()) -> Any:
         return self._alive().execute(_pyformat(statement), params)
@@ -176,4 +209,7 @@ class PostgresStore(SqlStore):
 
     def close(self) -> None:
         self._closed = True
-        self.conn.close()
+        try:
+            self.conn.close()
+        finally:
+            self._deadline.close()
