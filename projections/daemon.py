@@ -32,10 +32,9 @@ import asyncio
 import contextlib
 import enum
 import logging
-import os
 import signal
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from functools import partial
 from typing import Any, TypeVar
 
@@ -53,6 +52,7 @@ from .progress import progress_for
 from .projection import Projection
 from .rebuild import rebuild
 from .settings import ProjectionSettings
+from .shutdown import SignalShutdown
 from .store import Generation, ReadModelStore, RunState, Writer
 
 __all__ = ["Daemon", "Outcome", "ProjectionRunner", "SignalShutdown", "run_daemon"]
@@ -398,94 +398,3 @@ def run_daemon(
 
 def _exit_code(outcomes: dict[str, Outcome]) -> int:
     return 1 if any(o is Outcome.ERROR for o in outcomes.values()) else 0
-
-
-_FORCED_EXIT_AFTER_S = 3.0
-"""How long cancelled work (or the event loop's clean-up) may take before the process exits without it."""
-_RECANCEL_S = 0.25
-
-
-class SignalShutdown:
-    """Runs a command's coroutine in a new event loop; SIGINT/SIGTERM stop it in three steps that always end.
-
-    1. The first signal calls ``stop`` (the command finishes its work in hand).
-    2. A second signal, or ``timeout_s`` after the first without the command
-       ending, cancels it, re-sending the cancellation until it ends (one can
-       be lost, see :mod:`eventstore.tasks`); :meth:`run` then raises
-       ``CancelledError`` and :attr:`exit_code` is 128 + the signal's number.
-    3. If the cancelled command, or the event loop's clean-up after any end
-       (it waits for every task left), has not finished 3 s later, the process
-       exits at once (``os._exit``) with :attr:`exit_code`.
-    """
-
-    def __init__(self, stop: Callable[[], None], timeout_s: float) -> None:
-        self.stop = stop
-        self.timeout_s = timeout_s
-        self.signals = 0
-        self.first_signal: signal.Signals | None = None
-        self.exit_code = 1
-        self.forced = False
-        self._task: asyncio.Task[Any] | None = None
-
-    def run(self, main: Coroutine[Any, Any, T], *, exit_code: Callable[[T], int] = lambda _: 0) -> T:
-        """``asyncio.run(main)`` with the signals handled; ``exit_code`` of its result is the code of a forced exit
-        during the loop's clean-up (1 if it raised)."""
-
-        async def guarded() -> T:
-            self._task = asyncio.current_task()
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                with contextlib.suppress(NotImplementedError):
-                    loop.add_signal_handler(sig, self._on_signal, sig)
-            try:
-                result = await main
-            except Exception:
-                self.exit_code = 1
-                self._exit_later()
-                raise
-            if not self.forced:
-                self.exit_code = exit_code(result)
-            self._exit_later()
-            return result
-
-        try:
-            return asyncio.run(guarded())
-        except asyncio.CancelledError:
-            log.warning("Stopped by cancellation: the work in hand was rolled back.")
-            raise
-
-    def _on_signal(self, sig: signal.Signals) -> None:
-        self.signals += 1
-        self.first_signal = self.first_signal or sig
-        self.exit_code = 128 + sig.value
-        if self.signals > 1:
-            self._force(f"Received {sig.name} again")
-            return
-        log.info("Received %s: finishing the work in hand and stopping (within %.0f s; send it again to stop at "
-                 "once).", sig.name, self.timeout_s)
-        self.stop()
-        asyncio.get_running_loop().call_later(
-            self.timeout_s, self._force, f"The stop did not complete within {self.timeout_s:.0f} s"
-        )
-
-    def _force(self, reason: str) -> None:
-        if self.forced or self._task is None or self._task.done():
-            return
-        self.forced = True
-        log.warning("%s: cancelling the work in hand.", reason)
-        self._cancel()
-        self._exit_later()
-
-    def _cancel(self) -> None:
-        # Re-sent: a task can swallow a cancellation (see eventstore.tasks).
-        if self._task is not None and not self._task.done():
-            self._task.cancel()
-            asyncio.get_running_loop().call_later(_RECANCEL_S, self._cancel)
-
-    def _exit_later(self) -> None:
-        asyncio.get_running_loop().call_later(_FORCED_EXIT_AFTER_S, self._exit_now)
-
-    def _exit_now(self) -> None:
-        log.error("Tasks did not end within %.0f s: exiting now.", _FORCED_EXIT_AFTER_S)
-        logging.shutdown()
-        os._exit(self.exit_code)
