@@ -12,7 +12,10 @@ Each :class:`ProjectionRunner`:
    (:meth:`EventStore.subscribe` survives server restarts), applying each
    batch with its checkpoint in one store transaction;
 4. on a checkpoint conflict (a rebuild switched generations), reloads and
-   resumes; on a lost lease, goes back to 1;
+   resumes; on a lost lease, goes back to 1; waits out an outage of the
+   read-model database (a restarted, unreachable or frozen server) as it
+   does one of NATS (:mod:`projections.outages`): every store call is retried
+   with backoff until it works, for at most ``outage_limit_s`` if set;
 5. stops on a handler failure under the ``stop`` policy (full report stored
    for ``status``; the other projections keep running), on :meth:`Daemon.stop`
    (SIGINT/SIGTERM: the batch in hand is committed or rolled back as a whole,
@@ -48,6 +51,7 @@ from .connection import connect_event_store, lease_key
 from .errors import CheckpointConflictError, ProjectionStoppedError, ReadModelMismatchError, RebuildError
 from .lease import Lease, new_owner_id, open_lease_bucket
 from .metrics import PROJECTION_CHECKPOINT, PROJECTION_EVENTS, PROJECTION_LAG, serving
+from .outages import ride_out_batch, ride_out_store
 from .progress import progress_for
 from .projection import Projection
 from .rebuild import rebuild
@@ -60,8 +64,6 @@ __all__ = ["Daemon", "Outcome", "ProjectionRunner", "SignalShutdown", "run_daemo
 log = logging.getLogger("projections")
 
 T = TypeVar("T")
-
-_STORE_RETRIES = 3
 
 
 class Outcome(str, enum.Enum):
@@ -119,7 +121,8 @@ class ProjectionRunner:
             log.error("%s: cannot open the read-model store: %s", self.name, exc)
             return Outcome.ERROR
         try:
-            await store.offload(store.ensure_live, self.projection, self.settings.eventstore.stream)
+            await self._store(store, "creating its read model", store.ensure_live, self.projection,
+                              self.settings.eventstore.stream)
             lease = Lease(self.kv, lease_key(store.store_id, self.name), self.owner, self.lease_ttl_s,
                           request_timeout_s=self.settings.eventstore.request_timeout_s)
             while not self.stop_event.is_set():
@@ -132,6 +135,12 @@ class ProjectionRunner:
                 if result is not None:
                     outcome = result
                     break
+        except _Stopped:
+            pass  # asked to stop while the read-model database was failing: it cannot record the stop
+        except store.transient_errors as exc:
+            # The outage outlasted outage_limit_s (logged when it gave up); the database cannot record it.
+            log.error("%s: stopped: the read-model database is not available (%s).", self.name, exc)
+            outcome = Outcome.ERROR
         except Exception as exc:  # noqa: BLE001 - one projection's failure must not stop the others
             log.exception("%s: stopped by an unexpected error.", self.name)
             with contextlib.suppress(Exception):
@@ -146,9 +155,29 @@ class ProjectionRunner:
             log.info("%s: %s -- %s", self.name, outcome.value, self.counters.summary())
         return outcome
 
+    async def _store(self, store: ReadModelStore, what: str, fn: Callable[..., T], *args: Any) -> T:
+        """A store call through an outage (see :mod:`projections.outages`); a stop during the outage raises
+        :class:`_Stopped`."""
+        try:
+            return await ride_out_store(store, fn, *args, what=f"{self.name}: {what}", settings=self.settings,
+                                        stop=self.stop_event)
+        except store.transient_errors:
+            if self.stop_event.is_set():
+                raise _Stopped from None
+            raise
+
     async def _set_state(self, store: ReadModelStore, state: RunState, error: dict[str, Any] | None = None) -> None:
-        await store.offload(partial(store.set_state, self.name, state, owner=self.owner,
-                                    counters=self.counters.as_dict(), error=error))
+        await self._store(store, f"recording the state {state.value!r}",
+                          partial(store.set_state, self.name, state, owner=self.owner, counters=self.counters.as_dict(),
+                                  error=error))
+
+    async def _stopped(self, store: ReadModelStore) -> Outcome:
+        """Record the stop, if the database lets it (``status`` shows a stop it missed as stale)."""
+        try:
+            await self._set_state(store, RunState.STOPPED)
+        except _Stopped:
+            log.warning("%s: stopping without recording it: the read-model database is not available.", self.name)
+        return Outcome.STOPPED
 
     # -- owning the projection ----------------------------------------------
 
@@ -158,14 +187,15 @@ class ProjectionRunner:
             try:
                 writer = await self._claim(store, lease)
             except _Stopped:
-                await self._set_state(store, RunState.STOPPED)
-                return Outcome.STOPPED
+                return await self._stopped(store)
             except ReadModelMismatchError as exc:
                 log.error("%s", exc)
                 await self._set_state(store, RunState.ERROR, {"error": str(exc), "at": time.time()})
                 return Outcome.ERROR
             try:
                 return await self._follow(store, writer, lease)
+            except _Stopped:
+                return await self._stopped(store)
             except _Reload:
                 self.counters.conflicts += 1
                 await store.offload(writer.close)
@@ -174,7 +204,7 @@ class ProjectionRunner:
                 log.info("%s: the read model moved under this daemon (rebuild switch?); reloading.", self.name)
 
     async def _claim(self, store: ReadModelStore, lease: Lease) -> Writer:
-        gen = await store.offload(store.claim, self.name, self.owner)
+        gen = await self._store(store, "claiming its read model", store.claim, self.name, self.owner)
         problem = self._mismatch(gen)
         if problem == "rebuild":
             if not self.settings.auto_rebuild:
@@ -193,13 +223,13 @@ class ProjectionRunner:
                 if self.stop_event.is_set():
                     raise _Stopped from None  # the half-built generation is kept to resume; readers keep the old model
                 raise
-            gen = await store.offload(store.claim, self.name, self.owner)
+            gen = await self._store(store, "claiming its read model", store.claim, self.name, self.owner)
             problem = self._mismatch(gen)
         if problem:
             raise ReadModelMismatchError(problem)
         log.info("%s: owning generation %d (version %d) at checkpoint %d.", self.name, gen.generation, gen.version,
                  gen.checkpoint)
-        return await store.offload(store.writer, gen, self.owner)
+        return await self._store(store, "opening its read model", store.writer, gen, self.owner)
 
     def _mismatch(self, gen: Generation) -> str | None:
         p = self.projection
@@ -256,7 +286,7 @@ class ProjectionRunner:
                     except StopAsyncIteration:
                         await self._apply(store, applier, [], through=target)
                         PROJECTION_CHECKPOINT.labels(self.name).set(writer.checkpoint)
-                        await self._set_state(store, RunState.STOPPED)
+                        await self._stopped(store)
                         log.info("%s: caught up to position %d.", self.name, writer.checkpoint)
                         return Outcome.CAUGHT_UP
                     if lease.lost.is_set():
@@ -272,15 +302,14 @@ class ProjectionRunner:
                         await self._set_state(store, RunState.ERROR, error_report(failure))
                         return Outcome.ERROR
                 if self.stop_event.is_set():
-                    await self._set_state(store, RunState.STOPPED)
-                    return Outcome.STOPPED
+                    return await self._stopped(store)
                 if lease.lost.is_set():
                     raise _Reload
                 now = time.monotonic()
                 if now - last_touch >= interval:
-                    last_touch = now
-                    if not await store.offload(writer.touch, self.counters.as_dict()):
+                    if not await self._store(store, "the heartbeat", writer.touch, self.counters.as_dict()):
                         raise _Reload
+                    last_touch = time.monotonic()
                     if serving():
                         with contextlib.suppress(EventStoreError):  # a lost server shows in the daemon's own logs
                             last = await self.es.last_position()
@@ -300,22 +329,17 @@ class ProjectionRunner:
     async def _apply(
         self, store: ReadModelStore, applier: Applier, events: list[RecordedEvent], through: int | None = None
     ) -> None:
-        """Apply one batch (in the store's thread); a checkpoint conflict means reload; store failures are
-        retried, then raised."""
-        for attempt in range(_STORE_RETRIES + 1):
-            try:
-                if events:
-                    await store.offload(applier.apply, events, through)
-                elif through is not None:
-                    await store.offload(applier.advance, through)
-                return
-            except CheckpointConflictError:
-                raise _Reload from None
-            except store.transient_errors as exc:
-                if attempt == _STORE_RETRIES:
-                    raise
-                log.warning("%s: read-model store failed (%s); retrying the batch.", self.name, exc)
-                await asyncio.sleep(0.5 * 2**attempt)
+        """Apply one batch (in the store's thread) through an outage of the database, exactly once; a checkpoint
+        conflict means reload (see :mod:`projections.outages`)."""
+        try:
+            await ride_out_batch(store, applier, events, through, what=f"{self.name}: a batch", settings=self.settings,
+                                 stop=self.stop_event)
+        except CheckpointConflictError:
+            raise _Reload from None
+        except store.transient_errors:
+            if self.stop_event.is_set():
+                raise _Stopped from None  # rolled back whole: the next owner applies it
+            raise
 
 
 class Daemon:
