@@ -81,9 +81,12 @@ class OwnPostgres:
 
     def freeze(self) -> None:
         """SIGSTOP every process of the server: connections stay open, nothing answers."""
+        postmaster = self.pids()[0]
+        os.kill(postmaster, signal.SIGSTOP)  # first: it forks no new backend meanwhile
         self._frozen = self.pids()
-        for pid in self._frozen:  # the postmaster first: it forks no new backend meanwhile
-            os.kill(pid, signal.SIGSTOP)
+        for pid in self._frozen[1:]:
+            with contextlib.suppress(ProcessLookupError):  # a backend whose client has just left
+                os.kill(pid, signal.SIGSTOP)
 
     def thaw(self) -> None:
         """SIGCONT what :meth:`freeze` stopped."""
