@@ -201,7 +201,8 @@ class ProjectionRunner:
                 await store.offload(writer.close)
                 if lease.lost.is_set() or not await lease.confirm():
                     return None
-                log.info("%s: the read model moved under this daemon (rebuild switch?); reloading.", self.name)
+                log.info("%s: the read model's checkpoint moved under this daemon (a rebuild's switch, or a commit "
+                         "whose answer was lost); reloading.", self.name)
 
     async def _claim(self, store: ReadModelStore, lease: Lease) -> Writer:
         gen = await self._store(store, "claiming its read model", store.claim, self.name, self.owner)

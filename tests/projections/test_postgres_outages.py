@@ -21,12 +21,22 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
-from eventstore import EventStore
-from projections import Daemon, Outcome, PostgresStore, ProjectionSettings, open_store
+from eventstore import EventStore, RecordedEvent
+from projections import Daemon, Outcome, PostgresStore, ProjectionSettings, handles, open_store, rebuild
+from projections.transaction import Transaction
 
-from projection_examples import AccountBalances, AccountBalancesV2, SlowBalances, append_workload, register_all, workload
+from projection_examples import (
+    AccountBalances,
+    AccountBalancesV2,
+    Deposited,
+    SlowBalances,
+    append_workload,
+    register_all,
+    workload,
+)
 from projection_helpers import burst, checkpoint, cli, cli_env, dump, make_settings, memory_fold, wait_until
 from tests.support.postgres import OwnPostgres, unique_schema
 
@@ -258,6 +268,65 @@ async def test_the_daemons_rebuild_outlives_postgresql_going_away(
         async with asyncio.timeout(20):
             outcomes = await running
     assert outcomes == {"account_balances": Outcome.STOPPED}
+
+
+# -- a COMMIT that went in although its answer was lost ----------------------------------------------------------
+
+
+class LateCommitAnswer(AccountBalances):
+    """AccountBalances whose first batch with a deposit commits after the client's deadline: a deferred trigger
+    sleeps at COMMIT (statement_timeout lifted for that transaction). The COMMIT goes in; its answer is lost."""
+
+    armed = False
+
+    @handles(Deposited)
+    def deposited(self, event: RecordedEvent, tx: Transaction) -> None:
+        if LateCommitAnswer.armed:
+            LateCommitAnswer.armed = False
+            tx.execute("SET LOCAL statement_timeout = 0")  # type: ignore[attr-defined]
+            tx.execute("SET LOCAL jetsourcing.late_commit = 'on'")  # type: ignore[attr-defined]
+        super().deposited(event, tx)
+
+
+_LATE_COMMIT = """
+CREATE FUNCTION late_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF current_setting('jetsourcing.late_commit', true) = 'on' THEN PERFORM pg_sleep(3.5); END IF;
+    RETURN NULL;
+END $$;
+CREATE CONSTRAINT TRIGGER late_commit AFTER UPDATE ON _jetsourcing_generations DEFERRABLE INITIALLY DEFERRED
+    FOR EACH ROW EXECUTE FUNCTION late_commit();
+"""
+
+
+@pytest.mark.parametrize("writer", ["daemon", "rebuild"])
+async def test_a_commit_whose_answer_was_lost_is_applied_once(
+    writer: str, settings: ProjectionSettings, es: EventStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="projections")
+    settings = settings.model_copy(update={"batch_size": 50, "rebuild_batch_size": 50})
+    await append_workload(es, workload(600, accounts=30))
+    open_store(settings).close()  # the bookkeeping tables, for the trigger
+    with psycopg.connect(str(settings.database), autocommit=True,
+                         options=f"-c search_path={settings.postgres_schema}") as admin:
+        admin.execute(_LATE_COMMIT)
+    if writer == "daemon":
+        LateCommitAnswer.armed = True
+        daemon = Daemon([LateCommitAnswer()], settings, event_store=es)
+        async with asyncio.timeout(60):
+            outcomes = await daemon.run(until_caught_up=True)
+        assert outcomes == {"account_balances": Outcome.CAUGHT_UP}
+        assert any("reloading" in r.getMessage() for r in caplog.records)  # it found the checkpoint moved
+    else:
+        await burst([AccountBalances()], settings, es)
+        LateCommitAnswer.armed = True
+        async with asyncio.timeout(60):
+            result = await rebuild(LateCommitAnswer(), settings, event_store=es)
+        assert result.generation == 2
+        assert any("going on from there" in r.getMessage() for r in caplog.records)
+    assert not LateCommitAnswer.armed
+    assert any("did not answer within 2 s" in r.getMessage() for r in caplog.records)  # the answer was lost
+    assert dump(settings, "account_balances") == await memory_fold(AccountBalances(), es)  # applied once
 
 
 # -- SIGTERM --------------------------------------------------------------------------------------------------
