@@ -5,10 +5,12 @@ projection: handlers and declared tables), then ``tables.py`` and
 ``transaction.py`` (the backend-neutral API handlers write through, and the
 in-memory store Spark folds into), ``store.py`` (what a read-model backend
 must guarantee) ``sql.py`` (the SQL backends' generations, views and checkpoint
-compare-and-set) with its dialects ``sqlite.py`` (embedded) and ``postgres.py``,
+compare-and-set) with its dialects ``sqlite.py`` (embedded) and ``postgres.py``
+(with ``postgres_deadline.py``, the client's deadline on a silent server),
 ``backends.py`` (which one the settings select), ``source.py`` (reading whole commits, skipping
 unhandled ones undecoded), ``applier.py`` (batches, exactly once, error
-policies), ``daemon.py`` (runners, leases from ``lease.py``, signals),
+policies), ``outages.py`` (store calls through a database outage),
+``daemon.py`` (runners, leases from ``lease.py``; signals in ``shutdown.py``),
 ``rebuild.py`` (shadow replay and atomic switch), ``status.py``, ``cli.py``,
 ``progress.py``, ``settings.py``, ``connection.py`` and ``errors.py``.
 ``reactors/`` (side effects, not read models) is a separate family; see

@@ -12,7 +12,10 @@ Each :class:`ProjectionRunner`:
    (:meth:`EventStore.subscribe` survives server restarts), applying each
    batch with its checkpoint in one store transaction;
 4. on a checkpoint conflict (a rebuild switched generations), reloads and
-   resumes; on a lost lease, goes back to 1;
+   resumes; on a lost lease, goes back to 1; waits out an outage of the
+   read-model database (a restarted, unreachable or frozen server) as it
+   does one of NATS (:mod:`projections.outages`): every store call is retried
+   with backoff until it works, for at most ``outage_limit_s`` if set;
 5. stops on a handler failure under the ``stop`` policy (full report stored
    for ``status``; the other projections keep running), on :meth:`Daemon.stop`
    (SIGINT/SIGTERM: the batch in hand is committed or rolled back as a whole,
@@ -32,10 +35,9 @@ import asyncio
 import contextlib
 import enum
 import logging
-import os
 import signal
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from functools import partial
 from typing import Any, TypeVar
 
@@ -49,10 +51,12 @@ from .connection import connect_event_store, lease_key
 from .errors import CheckpointConflictError, ProjectionStoppedError, ReadModelMismatchError, RebuildError
 from .lease import Lease, new_owner_id, open_lease_bucket
 from .metrics import PROJECTION_CHECKPOINT, PROJECTION_EVENTS, PROJECTION_LAG, serving
+from .outages import ride_out_batch, ride_out_store
 from .progress import progress_for
 from .projection import Projection, check_distinct_tables
 from .rebuild import rebuild
 from .settings import ProjectionSettings
+from .shutdown import SignalShutdown
 from .store import Generation, ReadModelStore, RunState, Writer
 
 __all__ = ["Daemon", "Outcome", "ProjectionRunner", "SignalShutdown", "run_daemon"]
@@ -60,8 +64,6 @@ __all__ = ["Daemon", "Outcome", "ProjectionRunner", "SignalShutdown", "run_daemo
 log = logging.getLogger("projections")
 
 T = TypeVar("T")
-
-_STORE_RETRIES = 3
 
 
 class Outcome(str, enum.Enum):
@@ -119,7 +121,8 @@ class ProjectionRunner:
             log.error("%s: cannot open the read-model store: %s", self.name, exc)
             return Outcome.ERROR
         try:
-            await store.offload(store.ensure_live, self.projection, self.settings.eventstore.stream)
+            await self._store(store, "creating its read model", store.ensure_live, self.projection,
+                              self.settings.eventstore.stream)
             lease = Lease(self.kv, lease_key(store.store_id, self.name), self.owner, self.lease_ttl_s,
                           request_timeout_s=self.settings.eventstore.request_timeout_s)
             while not self.stop_event.is_set():
@@ -132,6 +135,12 @@ class ProjectionRunner:
                 if result is not None:
                     outcome = result
                     break
+        except _Stopped:
+            pass  # asked to stop while the read-model database was failing: it cannot record the stop
+        except store.transient_errors as exc:
+            # The outage outlasted outage_limit_s (logged when it gave up); the database cannot record it.
+            log.error("%s: stopped: the read-model database is not available (%s).", self.name, exc)
+            outcome = Outcome.ERROR
         except Exception as exc:  # noqa: BLE001 - one projection's failure must not stop the others
             log.exception("%s: stopped by an unexpected error.", self.name)
             with contextlib.suppress(Exception):
@@ -146,9 +155,29 @@ class ProjectionRunner:
             log.info("%s: %s -- %s", self.name, outcome.value, self.counters.summary())
         return outcome
 
+    async def _store(self, store: ReadModelStore, what: str, fn: Callable[..., T], *args: Any) -> T:
+        """A store call through an outage (see :mod:`projections.outages`); a stop during the outage raises
+        :class:`_Stopped`."""
+        try:
+            return await ride_out_store(store, fn, *args, what=f"{self.name}: {what}", settings=self.settings,
+                                        stop=self.stop_event)
+        except store.transient_errors:
+            if self.stop_event.is_set():
+                raise _Stopped from None
+            raise
+
     async def _set_state(self, store: ReadModelStore, state: RunState, error: dict[str, Any] | None = None) -> None:
-        await store.offload(partial(store.set_state, self.name, state, owner=self.owner,
-                                    counters=self.counters.as_dict(), error=error))
+        await self._store(store, f"recording the state {state.value!r}",
+                          partial(store.set_state, self.name, state, owner=self.owner, counters=self.counters.as_dict(),
+                                  error=error))
+
+    async def _stopped(self, store: ReadModelStore) -> Outcome:
+        """Record the stop, if the database lets it (``status`` shows a stop it missed as stale)."""
+        try:
+            await self._set_state(store, RunState.STOPPED)
+        except _Stopped:
+            log.warning("%s: stopping without recording it: the read-model database is not available.", self.name)
+        return Outcome.STOPPED
 
     # -- owning the projection ----------------------------------------------
 
@@ -158,23 +187,25 @@ class ProjectionRunner:
             try:
                 writer = await self._claim(store, lease)
             except _Stopped:
-                await self._set_state(store, RunState.STOPPED)
-                return Outcome.STOPPED
+                return await self._stopped(store)
             except ReadModelMismatchError as exc:
                 log.error("%s", exc)
                 await self._set_state(store, RunState.ERROR, {"error": str(exc), "at": time.time()})
                 return Outcome.ERROR
             try:
                 return await self._follow(store, writer, lease)
+            except _Stopped:
+                return await self._stopped(store)
             except _Reload:
                 self.counters.conflicts += 1
                 await store.offload(writer.close)
                 if lease.lost.is_set() or not await lease.confirm():
                     return None
-                log.info("%s: the read model moved under this daemon (rebuild switch?); reloading.", self.name)
+                log.info("%s: the read model's checkpoint moved under this daemon (a rebuild's switch, or a commit "
+                         "whose answer was lost); reloading.", self.name)
 
     async def _claim(self, store: ReadModelStore, lease: Lease) -> Writer:
-        gen = await store.offload(store.claim, self.name, self.owner)
+        gen = await self._store(store, "claiming its read model", store.claim, self.name, self.owner)
         problem = self._mismatch(gen)
         if problem == "rebuild":
             if not self.settings.auto_rebuild:
@@ -193,13 +224,13 @@ class ProjectionRunner:
                 if self.stop_event.is_set():
                     raise _Stopped from None  # the half-built generation is kept to resume; readers keep the old model
                 raise
-            gen = await store.offload(store.claim, self.name, self.owner)
+            gen = await self._store(store, "claiming its read model", store.claim, self.name, self.owner)
             problem = self._mismatch(gen)
         if problem:
             raise ReadModelMismatchError(problem)
         log.info("%s: owning generation %d (version %d) at checkpoint %d.", self.name, gen.generation, gen.version,
                  gen.checkpoint)
-        return await store.offload(store.writer, gen, self.owner)
+        return await self._store(store, "opening its read model", store.writer, gen, self.owner)
 
     def _mismatch(self, gen: Generation) -> str | None:
         p = self.projection
@@ -256,7 +287,7 @@ class ProjectionRunner:
                     except StopAsyncIteration:
                         await self._apply(store, applier, [], through=target)
                         PROJECTION_CHECKPOINT.labels(self.name).set(writer.checkpoint)
-                        await self._set_state(store, RunState.STOPPED)
+                        await self._stopped(store)
                         log.info("%s: caught up to position %d.", self.name, writer.checkpoint)
                         return Outcome.CAUGHT_UP
                     if lease.lost.is_set():
@@ -272,15 +303,14 @@ class ProjectionRunner:
                         await self._set_state(store, RunState.ERROR, error_report(failure))
                         return Outcome.ERROR
                 if self.stop_event.is_set():
-                    await self._set_state(store, RunState.STOPPED)
-                    return Outcome.STOPPED
+                    return await self._stopped(store)
                 if lease.lost.is_set():
                     raise _Reload
                 now = time.monotonic()
                 if now - last_touch >= interval:
-                    last_touch = now
-                    if not await store.offload(writer.touch, self.counters.as_dict()):
+                    if not await self._store(store, "the heartbeat", writer.touch, self.counters.as_dict()):
                         raise _Reload
+                    last_touch = time.monotonic()
                     if serving():
                         with contextlib.suppress(EventStoreError):  # a lost server shows in the daemon's own logs
                             last = await self.es.last_position()
@@ -300,22 +330,17 @@ class ProjectionRunner:
     async def _apply(
         self, store: ReadModelStore, applier: Applier, events: list[RecordedEvent], through: int | None = None
     ) -> None:
-        """Apply one batch (in the store's thread); a checkpoint conflict means reload; store failures are
-        retried, then raised."""
-        for attempt in range(_STORE_RETRIES + 1):
-            try:
-                if events:
-                    await store.offload(applier.apply, events, through)
-                elif through is not None:
-                    await store.offload(applier.advance, through)
-                return
-            except CheckpointConflictError:
-                raise _Reload from None
-            except store.transient_errors as exc:
-                if attempt == _STORE_RETRIES:
-                    raise
-                log.warning("%s: read-model store failed (%s); retrying the batch.", self.name, exc)
-                await asyncio.sleep(0.5 * 2**attempt)
+        """Apply one batch (in the store's thread) through an outage of the database, exactly once; a checkpoint
+        conflict means reload (see :mod:`projections.outages`)."""
+        try:
+            await ride_out_batch(store, applier, events, through, what=f"{self.name}: a batch", settings=self.settings,
+                                 stop=self.stop_event)
+        except CheckpointConflictError:
+            raise _Reload from None
+        except store.transient_errors:
+            if self.stop_event.is_set():
+                raise _Stopped from None  # rolled back whole: the next owner applies it
+            raise
 
 
 class Daemon:
@@ -410,94 +435,3 @@ def run_daemon(
 
 def _exit_code(outcomes: dict[str, Outcome]) -> int:
     return 1 if any(o is Outcome.ERROR for o in outcomes.values()) else 0
-
-
-_FORCED_EXIT_AFTER_S = 3.0
-"""How long cancelled work (or the event loop's clean-up) may take before the process exits without it."""
-_RECANCEL_S = 0.25
-
-
-class SignalShutdown:
-    """Runs a command's coroutine in a new event loop; SIGINT/SIGTERM stop it in three steps that always end.
-
-    1. The first signal calls ``stop`` (the command finishes its work in hand).
-    2. A second signal, or ``timeout_s`` after the first without the command
-       ending, cancels it, re-sending the cancellation until it ends (one can
-       be lost, see :mod:`eventstore.tasks`); :meth:`run` then raises
-       ``CancelledError`` and :attr:`exit_code` is 128 + the signal's number.
-    3. If the cancelled command, or the event loop's clean-up after any end
-       (it waits for every task left), has not finished 3 s later, the process
-       exits at once (``os._exit``) with :attr:`exit_code`.
-    """
-
-    def __init__(self, stop: Callable[[], None], timeout_s: float) -> None:
-        self.stop = stop
-        self.timeout_s = timeout_s
-        self.signals = 0
-        self.first_signal: signal.Signals | None = None
-        self.exit_code = 1
-        self.forced = False
-        self._task: asyncio.Task[Any] | None = None
-
-    def run(self, main: Coroutine[Any, Any, T], *, exit_code: Callable[[T], int] = lambda _: 0) -> T:
-        """``asyncio.run(main)`` with the signals handled; ``exit_code`` of its result is the code of a forced exit
-        during the loop's clean-up (1 if it raised)."""
-
-        async def guarded() -> T:
-            self._task = asyncio.current_task()
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                with contextlib.suppress(NotImplementedError):
-                    loop.add_signal_handler(sig, self._on_signal, sig)
-            try:
-                result = await main
-            except Exception:
-                self.exit_code = 1
-                self._exit_later()
-                raise
-            if not self.forced:
-                self.exit_code = exit_code(result)
-            self._exit_later()
-            return result
-
-        try:
-            return asyncio.run(guarded())
-        except asyncio.CancelledError:
-            log.warning("Stopped by cancellation: the work in hand was rolled back.")
-            raise
-
-    def _on_signal(self, sig: signal.Signals) -> None:
-        self.signals += 1
-        self.first_signal = self.first_signal or sig
-        self.exit_code = 128 + sig.value
-        if self.signals > 1:
-            self._force(f"Received {sig.name} again")
-            return
-        log.info("Received %s: finishing the work in hand and stopping (within %.0f s; send it again to stop at "
-                 "once).", sig.name, self.timeout_s)
-        self.stop()
-        asyncio.get_running_loop().call_later(
-            self.timeout_s, self._force, f"The stop did not complete within {self.timeout_s:.0f} s"
-        )
-
-    def _force(self, reason: str) -> None:
-        if self.forced or self._task is None or self._task.done():
-            return
-        self.forced = True
-        log.warning("%s: cancelling the work in hand.", reason)
-        self._cancel()
-        self._exit_later()
-
-    def _cancel(self) -> None:
-        # Re-sent: a task can swallow a cancellation (see eventstore.tasks).
-        if self._task is not None and not self._task.done():
-            self._task.cancel()
-            asyncio.get_running_loop().call_later(_RECANCEL_S, self._cancel)
-
-    def _exit_later(self) -> None:
-        asyncio.get_running_loop().call_later(_FORCED_EXIT_AFTER_S, self._exit_now)
-
-    def _exit_now(self) -> None:
-        log.error("Tasks did not end within %.0f s: exiting now.", _FORCED_EXIT_AFTER_S)
-        logging.shutdown()
-        os._exit(self.exit_code)

@@ -19,7 +19,14 @@ bookkeeping. Here:
 * Views are re-created inside the switch's transaction: PostgreSQL's DDL is
   transactional, so a reader sees the old model or the new one, never a mix.
 * Every wait ends: connecting within ``timeout_s``, each statement and each
-  lock wait within ``timeout_s``, and TCP keep-alives notice a dead server.
+  lock wait within ``timeout_s`` (the server's timeouts), and, should the
+  server stop answering altogether, within ``timeout_s`` + 1 s on the client's
+  side (:mod:`projections.postgres_deadline`); TCP keep-alives and
+  ``tcp_user_timeout`` notice a dead peer on the network.
+* A connection that broke or was cut (a restarted, killed or frozen server) is
+  opened again by the next call made outside a transaction; a failed attempt
+  raises :class:`psycopg.OperationalError`, one of the store's
+  ``transient_errors``, which long-running processes wait out.
 * Committed batches are durable as PostgreSQL's ``synchronous_commit`` says
   (on, by default).
 
@@ -37,6 +44,7 @@ from functools import lru_cache
 from typing import Any
 
 from .errors import ProjectionError, ReadModelNotFoundError
+from .postgres_deadline import Deadline, WatchedConnection, WatchedCursor
 from .settings import SCHEMA_PATTERN, reserved_schema
 from .sql import BOOKKEEPING, SqlStore, quote
 
@@ -48,6 +56,9 @@ except ImportError as exc:  # pragma: no cover - the message is the point
     ) from exc
 
 __all__ = ["PostgresStore"]
+
+_DEADLINE_MARGIN_S = 1.0
+"""The client's deadline comes this long after the server's own timeouts, so a live server's clearer error wins."""
 
 _TYPES = {str: "TEXT", int: "BIGINT", float: "DOUBLE PRECISION", bool: "BOOLEAN", bytes: "BYTEA"}
 _SCHEMA_NAME = re.compile(SCHEMA_PATTERN)
@@ -81,7 +92,10 @@ class PostgresStore(SqlStore):
     then (the role needs CREATE on the database only for a missing schema).
     With ``create=False`` nothing is created: a missing schema or
     bookkeeping raises :class:`~projections.errors.ReadModelNotFoundError`.
-    ``timeout_s`` bounds connecting, every statement and every lock wait.
+    ``timeout_s`` bounds connecting, every statement and every lock wait; a
+    server that does not answer at all fails a statement ``timeout_s`` + 1 s
+    after it was sent, with a :class:`psycopg.OperationalError`, and the next
+    call reconnects.
     """
 
     transient_errors = (psycopg.OperationalError,)
@@ -107,6 +121,7 @@ class PostgresStore(SqlStore):
         self.lock_patience_s = timeout_s
         self._closed = False
         self._in_transaction = False
+        self._deadline = Deadline(timeout_s + _DEADLINE_MARGIN_S)
         self.conn = self._connect()
         info = self.conn.info
         self.location = f"PostgreSQL database {info.dbname!r} on {info.host}, schema {schema!r}"
@@ -115,7 +130,7 @@ class PostgresStore(SqlStore):
                 self._create_schema(create)
             self._install(create=create)
         except BaseException:
-            self.conn.close()
+            self.close()
             raise
 
     def _schema_exists(self) -> bool:
@@ -143,34 +158,53 @@ class PostgresStore(SqlStore):
             ) from exc
 
     def _connect(self) -> "psycopg.Connection[Any]":
-        ms = max(1, int(self._timeout_s * 1000))
         try:
-            conn: psycopg.Connection[Any] = psycopg.connect(
-                self._url,
-                autocommit=True,
-                connect_timeout=max(1, round(self._timeout_s)),
-                # The schema is a checked identifier; search_path makes every name of projections.sql resolve in it.
-                options=f"-c statement_timeout={ms} -c lock_timeout={ms} -c idle_in_transaction_session_timeout="
-                f"{ms * 4} -c search_path={self.schema}",
-                keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=3,
-                application_name="jetsourcing",
-            )
-            return conn
+            return self._open()
         except psycopg.Error as exc:
+            self._deadline.close()
             raise ProjectionError(
                 f"Cannot connect to the read-model database ({' '.join(str(exc).split())}). Check JETSOURCING_DATABASE."
             ) from exc
 
+    def _open(self) -> "psycopg.Connection[Any]":
+        """A new connection, watched by the store's deadline; raises psycopg.OperationalError when it fails."""
+        ms = max(1, int(self._timeout_s * 1000))
+        conn = WatchedConnection.connect(
+            self._url,
+            autocommit=True,
+            # psycopg enforces it on the client's side (at least 2 s).
+            connect_timeout=max(1, round(self._timeout_s)),
+            # The schema is a checked identifier; search_path makes every name of projections.sql resolve in it.
+            options=f"-c statement_timeout={ms} -c lock_timeout={ms} -c idle_in_transaction_session_timeout="
+            f"{ms * 4} -c search_path={self.schema}",
+            # On TCP: a dead peer is noticed while idle (keep-alives) and while data waits for its ACK.
+            keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=3, tcp_user_timeout=ms,
+            application_name="jetsourcing",
+            cursor_factory=WatchedCursor,
+        )
+        conn.deadline = self._deadline
+        try:
+            self._deadline.watch(conn)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
     def _alive(self) -> "psycopg.Connection[Any]":
         """The connection, opened again if the last one broke (a restarted server) between transactions: a
-        retried batch goes on. Inside a transaction a lost connection is an error (what it did is gone)."""
+        retried batch goes on. Inside a transaction a lost connection is an error (what it did is gone). A
+        failed reconnection raises psycopg.OperationalError: transient, like the break itself."""
         if self.conn.closed:
             if self._closed:
                 raise ProjectionError("This PostgreSQL store is closed.")
             if self._in_transaction:
                 raise psycopg.OperationalError("The connection to PostgreSQL was lost inside a transaction.")
-            self.conn = self._connect()
+            self.conn = self._open()
         return self.conn
+
+    def interrupt(self) -> None:
+        """End the statement in flight (from any thread): it fails, and the next call reconnects."""
+        self._deadline.interrupt()
 
     def execute(self, statement: str, params: Sequence[Any] = ()) -> Any:
         return self._alive().execute(_translate(statement, self._qualifier), params)
@@ -253,4 +287,7 @@ class PostgresStore(SqlStore):
 
     def close(self) -> None:
         self._closed = True
-        self.conn.close()
+        try:
+            self.conn.close()
+        finally:
+            self._deadline.close()

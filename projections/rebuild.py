@@ -14,6 +14,11 @@
    re-pointed and the live generation flipped). If the live daemon moved
    ahead meanwhile, the switch changes nothing and step 4 repeats.
 
+Every store call waits out an outage of the read-model database (a
+restarted, unreachable or frozen server; :mod:`projections.outages`); when a
+batch's COMMIT went in although its answer was lost, the rebuild takes its
+generation up again at the stored checkpoint, so no event is applied twice.
+
 Meanwhile readers keep querying the old generation, which the daemon keeps
 updating. A rebuild that fails, is cancelled or is killed leaves the old
 model live and untouched. What happens to its half-built shadow depends on
@@ -33,26 +38,31 @@ import contextlib
 import gc
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
+from typing import Any, TypeVar
 
 from nats.js.kv import KeyValue
 
-from eventstore import EventStore, ServerUnavailableError
+from eventstore import EventStore, RecordedEvent, ServerUnavailableError
 
 from .applier import Applier, Counters
 from .backends import open_store
 from .connection import connect_event_store, lease_key
-from .errors import ProjectionError, RebuildError
+from .errors import CheckpointConflictError, ProjectionError, RebuildError
 from .lease import Lease, new_owner_id, open_lease_bucket
+from .outages import ride_out_batch, ride_out_store
 from .progress import NoProgress, ProgressReporter
 from .projection import Projection
 from .settings import ProjectionSettings
-from .store import ReadModelStore, Writer
+from .store import Generation, ReadModelStore, Writer
 
 __all__ = ["RebuildResult", "rebuild"]
 
 log = logging.getLogger("projections")
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +144,14 @@ async def rebuild(
             await es.close()
 
 
+def _switch_again(rm: ReadModelStore, shadow: Generation) -> bool:
+    """A switch retried after a failure: the failed attempt's COMMIT may have gone in."""
+    live = rm.live_generation(shadow.projection)
+    if live is not None and live.generation == shadow.generation:
+        return True
+    return rm.switch(shadow)
+
+
 async def _abandon(rm: ReadModelStore, writer: Writer, owner: str, *, keep: bool) -> None:
     """Release an unfinished shadow for a later resume (``keep``), or drop it."""
     shadow = writer.generation
@@ -177,22 +195,52 @@ async def _rebuild(
     resume: bool,
 ) -> RebuildResult:
     stream = settings.eventstore.stream
-    await rm.offload(rm.ensure_live, projection, stream)
+    name = projection.name
+
+    async def store_call(what: str, fn: Callable[..., T], *args: Any, again: Callable[..., T] | None = None) -> T:
+        return await ride_out_store(rm, fn, *args, what=f"{name}: {what}", settings=settings, stop=stop, again=again)
+
+    await store_call("creating its read model", rm.ensure_live, projection, stream)
     started = time.monotonic()
     target = await es.last_position()
-    shadow = await rm.offload(rm.resume_shadow, projection, stream, owner, target) if resume else None
+    shadow = await store_call("taking up the kept rebuild", rm.resume_shadow, projection, stream, owner,
+                              target) if resume else None
     if shadow is not None:
-        log.info("%s: resuming generation %d from checkpoint %d (positions up to %d).", projection.name,
-                 shadow.generation, shadow.checkpoint, target)
+        log.info("%s: resuming generation %d from checkpoint %d (positions up to %d).", name, shadow.generation,
+                 shadow.checkpoint, target)
     else:
-        shadow = await rm.offload(rm.create_shadow, projection, stream, owner, target)
-        log.info("%s: rebuilding into generation %d (positions 1..%d).", projection.name, shadow.generation, target)
-    writer = await rm.offload(rm.writer, shadow, owner)
+        shadow = await store_call("creating a generation", rm.create_shadow, projection, stream, owner, target)
+        log.info("%s: rebuilding into generation %d (positions 1..%d).", name, shadow.generation, target)
+    writer = await store_call("opening the new generation", rm.writer, shadow, owner)
     counters = Counters()
-    applier = Applier(projection, writer, settings.error_policy or projection.error_policy, counters)
+    policy = settings.error_policy or projection.error_policy
+    applier = Applier(projection, writer, policy, counters)
     batch = settings.rebuild_batch_size
     progress.start(target, writer.checkpoint)
     switched = False
+
+    async def apply(events: list[RecordedEvent], through: int) -> None:
+        nonlocal writer, applier
+        while True:
+            try:
+                await ride_out_batch(rm, applier, events, through, what=f"{name}: a rebuild batch", settings=settings,
+                                     stop=stop)
+                return
+            except CheckpointConflictError:
+                if lease.lost.is_set() or not await lease.confirm():
+                    raise RebuildError(f"The rebuild lease of {name!r} was lost; abandoning the rebuild.") from None
+            # This rebuild holds the lease, so its shadow moved under its own failed attempt (whose COMMIT went
+            # in): take the shadow up again at its stored checkpoint; the batch's events up to it are skipped.
+            again = await store_call("taking up the new generation", rm.resume_shadow, projection, stream, owner,
+                                     target)
+            if again is None or again.generation != shadow.generation:
+                raise RebuildError(f"Generation {shadow.generation} of {name!r} is gone (another rebuild replaced it?).")
+            await rm.offload(writer.close)
+            writer = await store_call("opening the new generation", rm.writer, again, owner)
+            applier = Applier(projection, writer, policy, counters)
+            log.info("%s: the new generation is at checkpoint %d after a failed attempt; going on from there.", name,
+                     writer.checkpoint)
+
     try:
         upto = target
         while True:
@@ -200,18 +248,19 @@ async def _rebuild(
                                           categories=projection.categories, types=projection.handled_types,
                                           batch=batch):
                 if lease.lost.is_set():
-                    raise RebuildError(f"The rebuild lease of {projection.name!r} was lost; abandoning the rebuild.")
+                    raise RebuildError(f"The rebuild lease of {name!r} was lost; abandoning the rebuild.")
                 if stop.is_set():
-                    raise RebuildError(f"Rebuild of {projection.name!r} cancelled; readers still see the old model.")
+                    raise RebuildError(f"Rebuild of {name!r} cancelled; readers still see the old model.")
                 counters.skipped += events.skipped
-                await rm.offload(applier.apply, events.events, events.last_position)
+                await apply(events.events, events.last_position)
                 progress.update(writer.checkpoint)
-            await rm.offload(applier.advance, upto)
+            await apply([], upto)
             progress.update(writer.checkpoint)
             if stop.is_set():
-                raise RebuildError(f"Rebuild of {projection.name!r} cancelled; readers still see the old model.")
+                raise RebuildError(f"Rebuild of {name!r} cancelled; readers still see the old model.")
             # The shadow has every event up to `upto`: switch if that covers what the live model has applied.
-            if await rm.offload(rm.switch, writer.generation):
+            if await store_call("switching readers", rm.switch, writer.generation,
+                                again=partial(_switch_again, rm)):
                 switched = True
                 break
             upto = await es.last_position()
@@ -233,6 +282,8 @@ async def _rebuild(
             if kept:
                 raise RebuildError(f"{exc}{kept}") from exc.__cause__
             raise
+        if stop.is_set():  # stopped while the read-model database was failing
+            raise RebuildError(f"Rebuild of {name!r} cancelled; readers still see the old model.{kept}") from exc
         if isinstance(exc, ProjectionError):
             raise RebuildError(f"Rebuild of {projection.name!r} failed; readers still see the old model: {exc}") from exc
         raise RebuildError(

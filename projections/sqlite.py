@@ -105,6 +105,10 @@ class SqliteStore(SqlStore):
     def executemany(self, statement: str, rows: Sequence[Sequence[Any]]) -> None:
         self.conn.executemany(statement, rows)
 
+    def interrupt(self) -> None:
+        """Abort the statement in flight, if any (sqlite3 allows it from any thread)."""
+        self.conn.interrupt()
+
     def rollback_quietly(self) -> None:
         if self.conn.in_transaction:
             try:

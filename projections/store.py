@@ -18,9 +18,11 @@ nothing and raises :class:`~projections.errors.CheckpointConflictError`.
 from __future__ import annotations
 
 import asyncio
+import queue
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import partial
@@ -163,28 +165,39 @@ class ReadModelStore(ABC):
     transient_errors: tuple[type[Exception], ...] = ()
     """The store's errors that a retry of the same batch may overcome (a busy database, a lost connection)."""
 
-    _thread: ThreadPoolExecutor | None = None
+    _worker: "_StoreThread | None" = None
 
     async def offload(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` -- a call on this store, its writers or their transactions -- run in the store's own
         thread, after every call offloaded before it: async code never waits on the database in the event loop.
 
-        A cancelled caller stops waiting, but a call that has started runs to its end (it is bounded by the
-        store's timeouts), so the next call never overlaps it.
+        A cancelled caller stops waiting, and a call that has started is interrupted (:meth:`interrupt`: a
+        batch cut short is rolled back whole); the next call never overlaps it. The thread is a daemon
+        thread: a call stuck on a frozen server never keeps the process from exiting.
         """
-        if self._thread is None:
-            self._thread = ThreadPoolExecutor(1, thread_name_prefix="jetsourcing-store")
-        return await asyncio.get_running_loop().run_in_executor(self._thread, partial(fn, *args))
+        worker = self._worker
+        if worker is None:
+            worker = self._worker = _StoreThread()
+        future = worker.submit(partial(fn, *args))
+        try:
+            return await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            if future.running():
+                self.interrupt()
+            raise
 
     async def aclose(self) -> None:
         """:meth:`close`, after every offloaded call; it happens even when the caller is cancelled meanwhile."""
-        if self._thread is None:
+        worker, self._worker = self._worker, None
+        if worker is None:
             self.close()
             return
-        thread, self._thread = self._thread, None
-        closed = thread.submit(self.close)
-        thread.shutdown(wait=False)
+        closed = worker.submit(self.close)
+        worker.finish()
         await asyncio.wrap_future(closed)
+
+    def interrupt(self) -> None:
+        """Make the database call in flight, if any, fail soon (callable from any thread); nothing by default."""
 
     @abstractmethod
     def ensure_live(self, projection: "Projection", stream: str) -> Generation:
@@ -283,3 +296,33 @@ class ReadModelStore(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _StoreThread:
+    """One daemon thread running a store's calls in the order they were submitted."""
+
+    def __init__(self) -> None:
+        self._calls: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = queue.SimpleQueue()
+        threading.Thread(target=self._run, name="jetsourcing-store", daemon=True).start()
+
+    def submit(self, fn: Callable[[], T]) -> "Future[T]":
+        future: Future[T] = Future()
+        self._calls.put((future, fn))
+        return future
+
+    def finish(self) -> None:
+        """End the thread once the calls submitted so far have run."""
+        self._calls.put(None)
+
+    def _run(self) -> None:
+        while (item := self._calls.get()) is not None:
+            future, fn = item
+            if not future.set_running_or_notify_cancel():
+                continue  # its caller stopped waiting before it started
+            try:
+                result = fn()
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller, as an executor does
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+            del future, fn, item

@@ -277,6 +277,33 @@ async def test_a_second_signal_cancels_at_once() -> None:
     assert "Received SIGINT again" in stderr
 
 
+_STUCK_THREAD = """
+import asyncio, threading
+from concurrent.futures import ThreadPoolExecutor
+from projections.daemon import SignalShutdown
+
+async def command(stop: asyncio.Event) -> None:
+    # A thread the interpreter joins at exit, stuck for good: a call waiting on a frozen database.
+    ThreadPoolExecutor(1).submit(threading.Event().wait)
+    print("ready", flush=True)
+    await stop.wait()
+
+stop = asyncio.Event()
+SignalShutdown(stop.set, timeout_s=5.0).run(command(stop))
+"""
+
+
+async def test_a_signal_ends_the_process_although_a_thread_is_stuck_after_the_work_ended() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", _STUCK_THREAD], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+    assert await asyncio.to_thread(proc.stdout.readline) == b"ready\n"
+    code, stderr, seconds = await _terminate(proc, signal.SIGTERM)
+    # The work ended cleanly (exit 0); the forced exit comes after the event loop has closed.
+    assert code == 0 and seconds < LIVENESS_S, f"exit {code} after {seconds:.1f}s\n{stderr}"
+    assert "exiting now" in stderr
+
+
 async def test_a_command_that_ignores_cancellation_too_is_ended_by_exiting() -> None:
     code, stderr, seconds = await _command("stubborn", 0.5, signal.SIGTERM)
     assert code == 128 + signal.SIGTERM and seconds < LIVENESS_S, f"exit {code} after {seconds:.1f}s\n{stderr}"
