@@ -18,12 +18,14 @@ Every store call waits out an outage of the read-model database (a
 restarted, unreachable or frozen server; :mod:`projections.outages`); when a
 batch's COMMIT went in although its answer was lost, the rebuild takes its
 generation up again at the stored checkpoint, so no event is applied twice.
+A lost or restarting NATS server is waited out too, under the same policy
+(``outage_limit_s``): the replay goes on from the shadow's checkpoint.
 
 Meanwhile readers keep querying the old generation, which the daemon keeps
 updating. A rebuild that fails, is cancelled or is killed leaves the old
 model live and untouched. What happens to its half-built shadow depends on
 why it ended: a projection error drops it; an interruption (``stop``, a
-signal, cancellation, a lost lease or server, a killed process) keeps it,
+signal, cancellation, a lost lease, an outage past its limit, a killed process) keeps it,
 checkpoint and all, for a ``resume=True`` rebuild (``jetsourcing rebuild
 --resume``; the daemon's automatic rebuilds always resume). A rebuild without
 ``resume`` drops it and starts from the first event. After the switch the daemon notices that its checkpoint
@@ -38,14 +40,14 @@ import contextlib
 import gc
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
 
 from nats.js.kv import KeyValue
 
-from eventstore import EventStore, RecordedEvent, ServerUnavailableError
+from eventstore import EventStore, RecordedEvent, ServerUnavailableError, ride_out
 
 from .applier import Applier, Counters
 from .backends import open_store
@@ -241,19 +243,29 @@ async def _rebuild(
             log.info("%s: the new generation is at checkpoint %d after a failed attempt; going on from there.", name,
                      writer.checkpoint)
 
+    async def replay_to(upto: int) -> None:
+        # From the shadow's checkpoint on: a pass that a lost server broke goes on where it was.
+        async for events in es.replay(from_position=writer.checkpoint + 1, to_position=upto,
+                                      categories=projection.categories, types=projection.handled_types,
+                                      batch=batch):
+            if lease.lost.is_set():
+                raise RebuildError(f"The rebuild lease of {name!r} was lost; abandoning the rebuild.")
+            if stop.is_set():
+                raise RebuildError(f"Rebuild of {name!r} cancelled; readers still see the old model.")
+            counters.skipped += events.skipped
+            await apply(events.events, events.last_position)
+            progress.update(writer.checkpoint)
+
+    async def nats(call: Callable[[], Awaitable[T]], what: str) -> T:
+        """``call`` under the outage policy for NATS: a lost or restarting server is waited out."""
+        return await ride_out(call, what=f"{name}: {what}", logger=log,
+                              transient=lambda exc: isinstance(exc, ServerUnavailableError),
+                              limit_s=es.settings.outage_limit_s, stop=stop)
+
     try:
         upto = target
         while True:
-            async for events in es.replay(from_position=writer.checkpoint + 1, to_position=upto,
-                                          categories=projection.categories, types=projection.handled_types,
-                                          batch=batch):
-                if lease.lost.is_set():
-                    raise RebuildError(f"The rebuild lease of {name!r} was lost; abandoning the rebuild.")
-                if stop.is_set():
-                    raise RebuildError(f"Rebuild of {name!r} cancelled; readers still see the old model.")
-                counters.skipped += events.skipped
-                await apply(events.events, events.last_position)
-                progress.update(writer.checkpoint)
+            await nats(partial(replay_to, upto), "replaying the stream")
             await apply([], upto)
             progress.update(writer.checkpoint)
             if stop.is_set():
@@ -263,7 +275,7 @@ async def _rebuild(
                                 again=partial(_switch_again, rm)):
                 switched = True
                 break
-            upto = await es.last_position()
+            upto = await nats(es.last_position, "reading the stream's last position")
             progress.update(writer.checkpoint, upto)
             await asyncio.sleep(0)
     except BaseException as exc:

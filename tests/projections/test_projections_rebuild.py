@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from eventstore import EventStore, StreamId
+from eventstore import EmbeddedServer, EventStore, StreamId
 from projections import Daemon, Outcome, ProjectionSettings, RebuildError, Table, open_store, read_status, rebuild
 from projections.projection import handles
 
@@ -23,6 +23,7 @@ from projection_examples import (
     SlowBalances,
     Transaction,
     append_workload,
+    register_all,
     workload,
 )
 from projection_helpers import (
@@ -32,6 +33,7 @@ from projection_helpers import (
     clean_rebuild,
     count_rows,
     dump,
+    make_settings,
     memory_fold,
     spawn,
     tables_in,
@@ -280,3 +282,31 @@ async def test_a_rebuild_without_resume_starts_over_and_a_changed_definition_is_
     result = await rebuild(V4(), psettings, event_store=es)
     assert result.generation == 5  # numbers are never reused, even those of abandoned rebuilds
     assert result.events == sum([len(e) async for e in es.read_all(categories=AccountBalancesV2.categories)])
+
+
+async def test_a_rebuild_waits_out_a_nats_outage_and_goes_on_from_its_checkpoint(tmp_path: Path) -> None:
+    """The outage policy: a server stopped for longer than a request's timeout mid-rebuild is waited out (before,
+    the rebuild gave up after one request timeout); the switched-in model equals a clean replay."""
+    server = EmbeddedServer(tmp_path / "nats")
+    server.start()
+    settings = make_settings(server.url, tmp_path / "views.sqlite3")
+    settings = settings.model_copy(update={"eventstore": settings.eventstore.model_copy(
+        update={"request_timeout_s": 1.0})})
+    es = await EventStore.connect(settings.eventstore)
+    register_all(es)
+    try:
+        await append_workload(es, workload(3000, accounts=300))
+        await burst([AccountBalances()], settings, es)
+        rebuilding = asyncio.create_task(rebuild(SlowBalances(), settings.model_copy(
+            update={"rebuild_batch_size": 100}), event_store=es))
+        await wait_until(lambda: building(settings) > 0, 30, "the rebuild to start")
+        server.stop()
+        await asyncio.sleep(3.0)  # three request timeouts: the old rebuild had given up after one
+        assert not rebuilding.done()
+        server.start()
+        result = await asyncio.wait_for(rebuilding, 120)
+        assert result.checkpoint == await es.last_position()
+        assert dump(settings, "account_balances") == await clean_rebuild(SlowBalances(), settings, es, tmp_path)
+    finally:
+        await es.close()
+        server.close()
