@@ -105,5 +105,17 @@ async def _serve(path: str, factory: Any, settings: CommandServiceSettings) -> i
             raise InvalidArgumentError(f"{path}(store, **options) returned {service!r:.80}, not a CommandService.")
         await service.start(long_running=True, stop=stop)  # its snapshot buckets wait out an election too
         async with service:
-            await stop.wait()
+            lost = store.connection_lost
+            waits = {asyncio.ensure_future(stop.wait()), asyncio.ensure_future(lost.wait())}
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for waiting in waits:
+                    waiting.cancel()
+            if lost.is_set() and not stop.is_set():
+                raise ServerUnavailableError(
+                    "The NATS connection was lost for longer than the outage limit "
+                    f"({settings.eventstore.outage_limit_s:g} s, JETSOURCING_OUTAGE_LIMIT_S): stopped serving. "
+                    "Restart serve once the server is back, or raise the limit."
+                )
     return 130 if received == [signal.SIGINT] else 0

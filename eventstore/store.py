@@ -93,6 +93,7 @@ class _ConnectionLog:
         self.nc: NATS | None = None
         self._give_up: asyncio.TimerHandle | None = None
         self._closing: asyncio.Task[None] | None = None
+        self.lost = asyncio.Event()
 
     async def on_error(self, exc: Exception) -> None:
         if not self.connected or self.closing:
@@ -121,6 +122,7 @@ class _ConnectionLog:
         log.error("The NATS connection was lost %.0f s ago, the outage limit (outage_limit_s): closing it; "
                   "what uses it now fails.", self.limit_s)
         self.closing = True
+        self.lost.set()
         self._closing = asyncio.ensure_future(self._close(nc))
 
     async def _close(self, nc: NATS) -> None:
@@ -191,6 +193,7 @@ class EventStore:
         )
         self._reader = Reader(nc, self._appender, self.settings, self.registry, self._replays)
         self._connection_log: _ConnectionLog | None = None  # set by connect(), which owns the callbacks
+        self._never_lost = asyncio.Event()
 
     def _servers(self) -> list[str]:
         """Where the bulk-read connection of replays goes: the configured servers, else where ``nc`` is connected."""
@@ -309,6 +312,17 @@ class EventStore:
                         await self.nc.close()
         if self.server is not None:
             self.server.close()
+
+    @property
+    def connection_lost(self) -> asyncio.Event:
+        """Set once the connection was closed for good because an outage outlasted ``outage_limit_s``.
+
+        A long-running user (a command service, a reactor) waits on it beside
+        its own stop, and ends with an error when it is set. Never set without
+        a limit, nor for a connection the caller made and gave to the store.
+        """
+        log_ = self._connection_log
+        return log_.lost if log_ is not None else self._never_lost
 
     async def __aenter__(self) -> "EventStore":
         return self

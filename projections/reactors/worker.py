@@ -597,6 +597,11 @@ class ReactorWorker:
         while not self._stopping:
             if self._failure is not None:
                 raise self._failure
+            if self.store.connection_lost.is_set():
+                raise ServerUnavailableError(
+                    f"Reactor {self.reactor.name!r}: the NATS connection was lost for longer than the outage limit "
+                    f"({self.store.settings.outage_limit_s:g} s, JETSOURCING_OUTAGE_LIMIT_S); stopped."
+                )
             now = time.monotonic()
             for token in [t for t, p in self._pulls.items() if p.deadline < now]:
                 del self._pulls[token]  # lost (reconnect, server restart): its credit is free again

@@ -20,7 +20,7 @@ import pytest
 
 from aggregates import CommandClient, CommandService, CommandUnavailableError, Repository
 from aggregates.snapshots import SnapshotStore
-from eventstore import EmbeddedCluster, EventStore, EventStoreSettings
+from eventstore import EmbeddedCluster, EmbeddedServer, EventStore, EventStoreSettings
 from samples.bank.account import Account, AccountState
 from samples.bank.commands import Deposit, OpenAccount
 
@@ -63,6 +63,8 @@ async def serve(settings: EventStoreSettings, url: str, prefix: str) -> AsyncIte
     env.update({"NATS_URL": url, "JETSOURCING_STREAM": settings.stream, "PYTHONPATH": str(ROOT),
                 "JETSOURCING_SUBJECT_PREFIX": settings.subject_prefix, "JETSOURCING_REPLICAS": str(settings.replicas),
                 "JETSOURCING_REQUEST_TIMEOUT_S": str(settings.request_timeout_s)})
+    if settings.outage_limit_s is not None:
+        env["JETSOURCING_OUTAGE_LIMIT_S"] = str(settings.outage_limit_s)
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "projections.cli", "serve", "samples.bank.commands:command_service",
         "--command-prefix", prefix, env=env, stderr=asyncio.subprocess.PIPE,
@@ -123,6 +125,26 @@ async def test_serve_stopped_while_it_waits_for_the_server_exits_0_at_once(store
             async with asyncio.timeout(10):
                 assert await served.process.wait() == 0, served.lines
             assert time.monotonic() - started < 2.0
+
+
+async def test_serve_ends_with_one_line_once_an_outage_outlasts_the_outage_limit(tmp_path: Path) -> None:
+    """Past JETSOURCING_OUTAGE_LIMIT_S without the server, serve exits 1 and says why (before: it waited for ever)."""
+    server = EmbeddedServer(tmp_path / "nats")
+    server.start()
+    try:
+        settings = unique_settings(server.url, outage_limit_s=1.5)
+        async with serve(settings, server.url, f"cmd{uuid.uuid4().hex[:8]}") as served:
+            await served.until_logged("serving ", 60)
+            server.stop()
+            stopped = time.monotonic()
+            async with asyncio.timeout(20):
+                assert await served.process.wait() == 1, served.lines
+            assert time.monotonic() - stopped < 15
+            await served._reader
+            assert "outage limit" in served.lines[-1] and served.lines[-1].startswith("jetsourcing:"), served.lines
+            assert not any("Traceback" in line for line in served.lines), served.lines
+    finally:
+        server.close()
 
 
 async def test_serve_starts_while_its_stream_elects_a_leader(cluster: EmbeddedCluster) -> None:

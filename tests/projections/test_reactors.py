@@ -19,7 +19,15 @@ import pytest
 from prometheus_client import REGISTRY
 from pydantic import BaseModel
 
-from eventstore import NO_STREAM, EmbeddedServer, EventStore, EventStoreSettings, RecordedEvent, StreamId
+from eventstore import (
+    NO_STREAM,
+    EmbeddedServer,
+    EventStore,
+    EventStoreSettings,
+    RecordedEvent,
+    ServerUnavailableError,
+    StreamId,
+)
 from projections import (
     DeadLetterReason,
     PoisonEvent,
@@ -539,6 +547,31 @@ async def test_a_worker_rides_out_a_server_restart(tmp_path: Path) -> None:
             worker.stop()
             await asyncio.wait_for(running, 10)
             assert set(seen) == set(range(100)), sorted(set(range(100)) - set(seen))
+        finally:
+            await store.close()
+
+
+async def test_a_worker_ends_with_server_unavailable_once_an_outage_outlasts_the_limit(tmp_path: Path) -> None:
+    """outage_limit_s: past it without the server the worker ends (before: it retried its pulls for ever)."""
+    with EmbeddedServer(tmp_path / "nats") as server:
+        settings = EventStoreSettings(nats_url=server.url, stream="R", subject_prefix="r", outage_limit_s=1.5)
+        store = register(await EventStore.connect(settings))
+        try:
+            await append_numbered(store, range(5))
+            seen: list[int] = []
+
+            async def handle(event: RecordedEvent) -> None:
+                seen.append(event.data.n)  # type: ignore[attr-defined]
+
+            worker = ReactorWorker(store, Reactor("limited", handler=handle, ack_wait_s=1), pull_expires_s=1.0)
+            running = asyncio.ensure_future(worker.run())
+            while len(seen) < 5:
+                await asyncio.sleep(0.01)
+            server.stop()
+            stopped = time.monotonic()
+            with pytest.raises(ServerUnavailableError, match="outage limit"):
+                await asyncio.wait_for(running, 30)
+            assert time.monotonic() - stopped < 15
         finally:
             await store.close()
 
