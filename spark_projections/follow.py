@@ -171,6 +171,7 @@ class Follower:
             if progress is not None and progress["batchId"] >= done.batch_id:
                 break
             time.sleep(0.05)
+        self._writer.stopping = True
         self.query.stop()
 
 
@@ -239,6 +240,7 @@ def follow(
         .option("starting_position", str((recorded or 0) + 1))
         .option("max_events_per_trigger", str(max_events_per_trigger))
         .option("partitions", str(partitions or spark.sparkContext.defaultParallelism))
+        .option("outage_limit_s", "none" if settings.outage_limit_s is None else str(settings.outage_limit_s))
     )
     if projection.categories:
         reader = reader.option("categories", ",".join(projection.categories))
@@ -286,6 +288,7 @@ class _BatchWriter:
         self.query: StreamingQuery | None = None
         self.last: FollowStatus | None = None
         self.error: BaseException | None = None
+        self.stopping = False  # Follower.stop is stopping the query: a failure now is its cancelled job
         self.idle = threading.Event()
         self.idle.set()
 
@@ -294,6 +297,15 @@ class _BatchWriter:
         try:
             self._write(df, batch_id)
         except BaseException as exc:
+            if self.stopping and self.query is not None:
+                # Spark tells a stop from a failure by the text of what this raised. Its pattern backtracks once
+                # per character of the text: the cancelled job's JVM trace (thousands of lines) overflows its
+                # stack and kills the query's thread with a StackOverflowError. A short text naming the job group
+                # it cancelled is taken for the stop it is.
+                raise _Cancelled(
+                    f"org.apache.spark.SparkException: micro-batch {batch_id} was cancelled (job group "
+                    f"{self.query.runId}): the follower stopped; its next run does the micro-batch again, whole."
+                ) from None
             self.error = exc  # Spark hands the query's caller a JVM wrapper of it; keep the original
             raise
         finally:
@@ -324,6 +336,10 @@ class _BatchWriter:
         if self.progress is not None:
             self.progress(f"batch {batch_id}: positions {start + 1:,} to {position:,}, {status.mode}, the tables at "
                           f"{run.position:,} in {status.seconds:.1f}s")
+
+
+class _Cancelled(Exception):
+    """A micro-batch cut short by :meth:`Follower.stop` (its Delta commits are exactly-once: nothing is lost)."""
 
 
 def batch_end(checkpoint: Path, batch_id: int) -> int:

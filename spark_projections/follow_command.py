@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import signal
 import threading
 import time
 from types import FrameType
 from typing import Any
 
+from py4j.protocol import Py4JError
 from pyspark.sql import SparkSession
 
 from spark_projections.cli import (
@@ -31,7 +33,7 @@ from spark_projections.cli import (
     stage_printer,
     start_spark,
 )
-from spark_projections.errors import SparkProjectionError
+from spark_projections.errors import SparkProjectionError, root_cause
 from spark_projections.follow import follow, follow_status, status_path
 from spark_projections.projection import last_position
 from spark_projections.settings import SparkSettings
@@ -74,6 +76,8 @@ def run_follow(args: argparse.Namespace, spark: SparkSession | None = None) -> i
     settings = event_store_settings(args)
     if spark is None:
         spark, spark_settings = start_spark(args, settings, stage)
+        if not logging.getLogger().isEnabledFor(logging.DEBUG):
+            _report_failures_once(spark)
     else:
         spark_settings = SparkSettings()
     stop = threading.Event()
@@ -101,7 +105,7 @@ def run_follow(args: argparse.Namespace, spark: SparkSession | None = None) -> i
             return 0
         error = follower.error or follower.query.exception()
         if error is not None:
-            raise SparkProjectionError(f"the streaming query failed: {_first_paragraph(error)}")
+            raise SparkProjectionError(f"the streaming query failed: {root_cause(error)}")
         stage("caught up" if args.available_now else "the query ended")
         return 0
     finally:
@@ -134,11 +138,27 @@ def run_status(args: argparse.Namespace) -> int:
     return 0
 
 
-def _first_paragraph(error: BaseException) -> str:
-    """What an error says: ours whole, Spark's first line (not the JVM's stack trace a StreamingQueryException
-    carries)."""
-    text = str(error).strip()
-    return text if isinstance(error, SparkProjectionError) else text.splitlines()[0]
+# Who reports a failed query besides us, each with the JVM's and the Python worker's stack traces (400 lines and
+# more): the task, the task set, the query's end, and py4j's callback server for the foreachBatch function.
+_FAILURE_REPORTERS = (
+    "org.apache.spark.executor.Executor",
+    "org.apache.spark.scheduler.TaskSetManager",
+    "org.apache.spark.sql.execution.streaming.MicroBatchExecution",  # Spark 4.0, 4.1
+    "org.apache.spark.sql.execution.streaming.runtime.MicroBatchExecution",  # Spark 4.2
+)
+
+
+def _report_failures_once(spark: SparkSession) -> None:
+    """Leave the failure to the command's last line (:func:`~spark_projections.errors.root_cause`): Spark's and
+    py4j's reports of it bury the cause in stack traces. ``--log-level DEBUG`` keeps them."""
+    logging.getLogger("py4j").setLevel(logging.CRITICAL)
+    try:
+        jvm: Any = spark.sparkContext._jvm
+        fatal = jvm.org.apache.logging.log4j.Level.FATAL
+        for name in _FAILURE_REPORTERS:
+            jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(name, fatal)
+    except Py4JError:  # another logging backend: the traces stay, the last line still names the cause
+        pass
 
 
 def _positive_seconds(text: str) -> float:
