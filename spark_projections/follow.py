@@ -30,6 +30,17 @@ after each micro-batch, what it did is written to
 ``<root>/_jetsourcing/follow-<name>.v<version>.json`` (``jetsourcing spark status``
 shows it). A DataFrame projection follows only when it has ``combine`` (its
 partial rows are merged into the stored ones); otherwise it is refused.
+
+A NATS outage (servers down, restarting, electing a leader, silent) is waited
+out as the daemon waits it out, for ``settings.outage_limit_s``
+(``JETSOURCING_OUTAGE_LIMIT_S``; None, the default: for ever): no micro-batch
+starts while the servers are out, and one already planned waits in its reads
+and then goes on, whole (:mod:`spark_projections.stream`). The outage is logged
+when it starts, each minute while it lasts and when it ends. At the limit the
+query fails with an :class:`~spark_projections.errors.EventSourceError` naming
+the server, and nothing of the batch in flight was written; a later run does
+that batch again, exactly once. :meth:`Follower.stop` never waits for an
+outage: a batch it cuts short is redone whole by the next run.
 """
 
 from __future__ import annotations
@@ -50,7 +61,7 @@ from pyspark.sql.types import StructType
 from eventstore import EventStoreSettings, TypeRegistry
 from projections import ErrorPolicy
 from spark_projections.delta import recorded_position
-from spark_projections.errors import SparkProjectionError
+from spark_projections.errors import SparkProjectionError, root_cause
 from spark_projections.executors import preflight
 from spark_projections.projection import (
     AnyProjection,
@@ -140,6 +151,14 @@ class Follower:
     def error(self) -> BaseException | None:
         """The error that failed the query, as raised in the micro-batch (e.g. a :class:`HandlerFailedError`)."""
         return self._writer.error
+
+    @property
+    def failure(self) -> str | None:
+        """Why the query failed, in one paragraph without a stack trace (None while it runs or after a stop):
+        what :func:`~spark_projections.errors.root_cause` finds in :attr:`error` or the query's exception, e.g.
+        "Could not connect to NATS at nats://host:4222 within 5.0s (...); the outage reached its limit of 60s"."""
+        error = self._writer.error or self.query.exception()
+        return None if error is None else root_cause(error)
 
     @property
     def active(self) -> bool:

@@ -3,11 +3,14 @@ where it is.
 
 ``follow`` prints a line per micro-batch (events, positions, seconds) and stops
 after the micro-batch in flight on SIGTERM or Ctrl-C (waiting ``--grace-s`` at
-most: a batch cut short is redone whole by the next run, exactly once). Exit
-status 0 when stopped or caught up (``--available-now``), 2 with the error in
-one paragraph when the query fails (a handler error under ``stop`` names the
-event). ``status`` reads what the follower last wrote and asks the server for
-the stream's last position; it starts no Spark.
+most: a batch cut short is redone whole by the next run, exactly once). A NATS
+outage is waited out for ``JETSOURCING_OUTAGE_LIMIT_S`` (default: for ever), a
+line on stderr when it starts and when it ends. Exit status 0 when stopped or
+caught up (``--available-now``), 2 when the query fails, its last line the cause
+in one paragraph (a handler error under ``stop`` names the event; a NATS outage
+past the limit names the server), without Spark's stack traces
+(``--log-level DEBUG`` keeps them). ``status`` reads what the follower last
+wrote and asks the server for the stream's last position; it starts no Spark.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from spark_projections.cli import (
     stage_printer,
     start_spark,
 )
-from spark_projections.errors import SparkProjectionError, root_cause
+from spark_projections.errors import SparkProjectionError
 from spark_projections.follow import follow, follow_status, status_path
 from spark_projections.projection import last_position
 from spark_projections.settings import SparkSettings
@@ -103,9 +106,9 @@ def run_follow(args: argparse.Namespace, spark: SparkSession | None = None) -> i
             follower.stop(args.grace_s)
             stage("stopped")
             return 0
-        error = follower.error or follower.query.exception()
-        if error is not None:
-            raise SparkProjectionError(f"the streaming query failed: {root_cause(error)}")
+        failure = follower.failure
+        if failure is not None:
+            raise SparkProjectionError(f"the streaming query failed: {failure}")
         stage("caught up" if args.available_now else "the query ended")
         return 0
     finally:
