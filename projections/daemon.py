@@ -142,7 +142,11 @@ class ProjectionRunner:
             log.error("%s: stopped: the read-model database is not available (%s).", self.name, exc)
             outcome = Outcome.ERROR
         except Exception as exc:  # noqa: BLE001 - one projection's failure must not stop the others
-            log.exception("%s: stopped by an unexpected error.", self.name)
+            if isinstance(exc, ServerUnavailableError):
+                # NATS stayed away past outage_limit_s: the message names the server; a traceback adds nothing.
+                log.error("%s: stopped: %s", self.name, exc)
+            else:
+                log.exception("%s: stopped by an unexpected error.", self.name)
             with contextlib.suppress(Exception):
                 await store.offload(
                     partial(store.set_state, self.name, RunState.ERROR, owner=self.owner,

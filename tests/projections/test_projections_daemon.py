@@ -12,7 +12,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from eventstore import EventStore, RecordedEvent, StreamId
+import pytest
+
+from eventstore import EmbeddedServer, EventStore, RecordedEvent, StreamId
 from projections import (
     Daemon,
     ErrorPolicy,
@@ -33,9 +35,22 @@ from projection_examples import (
     FragileBalances,
     Movements,
     append_workload,
+    register_all,
     workload,
 )
-from projection_helpers import ROOT, both_stores, burst, checkpoint, cli, cli_env, dump, memory_fold, spawn, wait_until
+from projection_helpers import (
+    ROOT,
+    both_stores,
+    burst,
+    checkpoint,
+    cli,
+    cli_env,
+    dump,
+    make_settings,
+    memory_fold,
+    spawn,
+    wait_until,
+)
 
 
 async def test_live_following_applies_each_append_within_milliseconds(
@@ -274,3 +289,32 @@ async def test_ctrl_c_stops_the_daemon_cleanly_and_exits_130(es: EventStore, pse
     assert "Received SIGINT" in stderr.decode()
     [status] = await read_status(psettings, event_store=es)
     assert status.state == "stopped" and status.checkpoint == last
+
+
+async def test_a_nats_outage_past_the_outage_limit_stops_the_daemon_with_one_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """outage_limit_s: a daemon whose server stays away past it stops (ERROR) and says why in one line."""
+    server = EmbeddedServer(tmp_path / "nats")
+    server.start()
+    settings = make_settings(server.url, tmp_path / "views.sqlite3")
+    settings = settings.model_copy(update={"eventstore": settings.eventstore.model_copy(
+        update={"outage_limit_s": 1.5, "request_timeout_s": 1.0})})
+    es = await EventStore.connect(settings.eventstore)
+    register_all(es)
+    try:
+        await append_workload(es, workload(50, accounts=5))
+        daemon = Daemon([AccountBalances()], settings, event_store=es)
+        running = asyncio.create_task(daemon.run())
+        last = await es.last_position()
+        await wait_until(lambda: checkpoint(settings, "account_balances") == last, 30, "catch-up")
+        server.stop()
+        stopped = time.monotonic()
+        outcomes = await asyncio.wait_for(running, 30)
+        assert outcomes == {"account_balances": Outcome.ERROR}
+        assert time.monotonic() - stopped < 20
+        [line] = [r for r in caplog.records if "account_balances: stopped" in r.getMessage()]
+        assert r"nats://127.0.0.1" in line.getMessage() and line.exc_info is None
+    finally:
+        await es.close()
+        server.close()
