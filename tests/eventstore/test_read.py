@@ -143,7 +143,8 @@ async def test_a_live_read_waits_out_an_outage_up_to_the_outage_limit_then_names
         server.stop()
         stopped = time.monotonic()
         with pytest.raises(ServerUnavailableError):
-            await asyncio.wait_for(giving_up, 30)
+            async with asyncio.timeout(30):
+                await giving_up
         assert time.monotonic() - stopped < 15
         await asyncio.sleep(1.0)
         assert not waiting.done(), "without a limit a live read waits the outage out"

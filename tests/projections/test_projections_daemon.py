@@ -310,7 +310,8 @@ async def test_a_nats_outage_past_the_outage_limit_stops_the_daemon_with_one_lin
         await wait_until(lambda: checkpoint(settings, "account_balances") == last, 30, "catch-up")
         server.stop()
         stopped = time.monotonic()
-        outcomes = await asyncio.wait_for(running, 30)
+        async with asyncio.timeout(30):
+            outcomes = await running
         assert outcomes == {"account_balances": Outcome.ERROR}
         assert time.monotonic() - stopped < 20
         [line] = [r for r in caplog.records if "account_balances: stopped" in r.getMessage()]

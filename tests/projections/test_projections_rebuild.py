@@ -304,7 +304,8 @@ async def test_a_rebuild_waits_out_a_nats_outage_and_goes_on_from_its_checkpoint
         await asyncio.sleep(3.0)  # three request timeouts: the old rebuild had given up after one
         assert not rebuilding.done()
         server.start()
-        result = await asyncio.wait_for(rebuilding, 120)
+        async with asyncio.timeout(120):
+            result = await rebuilding
         assert result.checkpoint == await es.last_position()
         assert dump(settings, "account_balances") == await clean_rebuild(SlowBalances(), settings, es, tmp_path)
     finally:

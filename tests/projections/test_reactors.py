@@ -570,7 +570,8 @@ async def test_a_worker_ends_with_server_unavailable_once_an_outage_outlasts_the
             server.stop()
             stopped = time.monotonic()
             with pytest.raises(ServerUnavailableError, match="outage limit"):
-                await asyncio.wait_for(running, 30)
+                async with asyncio.timeout(30):
+                    await running
             assert time.monotonic() - stopped < 15
         finally:
             await store.close()
