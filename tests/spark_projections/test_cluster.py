@@ -9,6 +9,7 @@ delta-rs)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -90,7 +91,10 @@ async def test_the_readme_spark_submit_line_runs_an_uninstalled_projection_on_se
            if not k.startswith(("JETSOURCING_", "PYSPARK_GATEWAY_")) and k != "PYTHONPATH"}
     env.update(readme_env)
     env.update({"JETSOURCING_STREAM": store.settings.stream, "JETSOURCING_SUBJECT_PREFIX": store.settings.subject_prefix})
-    done = subprocess.run(command, cwd=code, env=env, capture_output=True, text=True, timeout=600)
+    # In a thread: the run takes minutes, and a blocked event loop would leave the store's connection unanswered
+    # to the server's PINGs until the server drops it as stale.
+    done = await asyncio.to_thread(
+        subprocess.run, command, cwd=code, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["master"] == MASTER
