@@ -8,6 +8,7 @@ class carry the same facts for programs.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
@@ -24,6 +25,7 @@ __all__ = [
     "SchemaMismatchError",
     "SparkProjectionError",
     "SparkStartupError",
+    "root_cause",
 ]
 
 
@@ -191,3 +193,40 @@ class EventSourceError(SparkProjectionError):
 class ExecutorSetupError(SparkProjectionError):
     """Spark's executors lack something the driver has: a credential or TLS file at the settings' path, or a module
     of the user's code (see :mod:`spark_projections.executors`). Nothing was written."""
+
+
+_TRACEBACK = "Traceback (most recent call last):"
+_RAISED = re.compile(r"^([A-Za-z_][\w.]*): (.*\S)")  # a traceback's last line: "module.Class: message"
+_OURS = ("spark_projections.", "eventstore.", "projections.", "aggregates.")
+
+
+def root_cause(error: BaseException) -> str:
+    """What failed, in one paragraph without a stack trace, whichever process raised it.
+
+    Ours raised on the driver: its message, whole. One raised in a Python
+    worker (the source's planner, a partition's read) reaches the driver as
+    JVM text holding its traceback: the message of the traceback's last
+    exception (with its class name unless it is one of jetsourcing's). Else
+    the first line that says something (not py4j's "An error occurred while
+    calling o123.method.").
+    """
+    if isinstance(error, SparkProjectionError):
+        return str(error).strip()
+    text = str(error)
+    start = text.find(_TRACEBACK)
+    if start >= 0:
+        raised = None
+        for line in text[start:].splitlines():
+            if line.startswith(("\tat ", " SQLSTATE", "\tat\t")) or line.strip().startswith("at org.apache."):
+                break  # the JVM's frames: the Python traceback is over
+            found = _RAISED.match(line)
+            if found:
+                raised = found
+        if raised is not None:
+            name, message = raised.groups()
+            return message if name.startswith(_OURS) else f"{name.rsplit('.', 1)[-1]}: {message}"
+    for line in text.splitlines():
+        line = line.strip().lstrip(": ")
+        if line and not line.startswith("An error occurred while calling"):
+            return line
+    return type(error).__name__

@@ -30,6 +30,17 @@ after each micro-batch, what it did is written to
 ``<root>/_jetsourcing/follow-<name>.v<version>.json`` (``jetsourcing spark status``
 shows it). A DataFrame projection follows only when it has ``combine`` (its
 partial rows are merged into the stored ones); otherwise it is refused.
+
+A NATS outage (servers down, restarting, electing a leader, silent) is waited
+out as the daemon waits it out, for ``settings.outage_limit_s``
+(``JETSOURCING_OUTAGE_LIMIT_S``; None, the default: for ever): no micro-batch
+starts while the servers are out, and one already planned waits in its reads
+and then goes on, whole (:mod:`spark_projections.stream`). The outage is logged
+when it starts, each minute while it lasts and when it ends. At the limit the
+query fails with an :class:`~spark_projections.errors.EventSourceError` naming
+the server, and nothing of the batch in flight was written; a later run does
+that batch again, exactly once. :meth:`Follower.stop` never waits for an
+outage: a batch it cuts short is redone whole by the next run.
 """
 
 from __future__ import annotations
@@ -50,7 +61,7 @@ from pyspark.sql.types import StructType
 from eventstore import EventStoreSettings, TypeRegistry
 from projections import ErrorPolicy
 from spark_projections.delta import recorded_position
-from spark_projections.errors import SparkProjectionError
+from spark_projections.errors import SparkProjectionError, root_cause
 from spark_projections.executors import preflight
 from spark_projections.projection import (
     AnyProjection,
@@ -142,6 +153,14 @@ class Follower:
         return self._writer.error
 
     @property
+    def failure(self) -> str | None:
+        """Why the query failed, in one paragraph without a stack trace (None while it runs or after a stop):
+        what :func:`~spark_projections.errors.root_cause` finds in :attr:`error` or the query's exception, e.g.
+        "Could not connect to NATS at nats://host:4222 within 5.0s (...); the outage reached its limit of 60s"."""
+        error = self._writer.error or self.query.exception()
+        return None if error is None else root_cause(error)
+
+    @property
     def active(self) -> bool:
         """True while the query runs."""
         return bool(self.query.isActive)
@@ -171,6 +190,7 @@ class Follower:
             if progress is not None and progress["batchId"] >= done.batch_id:
                 break
             time.sleep(0.05)
+        self._writer.stopping = True
         self.query.stop()
 
 
@@ -239,6 +259,7 @@ def follow(
         .option("starting_position", str((recorded or 0) + 1))
         .option("max_events_per_trigger", str(max_events_per_trigger))
         .option("partitions", str(partitions or spark.sparkContext.defaultParallelism))
+        .option("outage_limit_s", "none" if settings.outage_limit_s is None else str(settings.outage_limit_s))
     )
     if projection.categories:
         reader = reader.option("categories", ",".join(projection.categories))
@@ -286,6 +307,7 @@ class _BatchWriter:
         self.query: StreamingQuery | None = None
         self.last: FollowStatus | None = None
         self.error: BaseException | None = None
+        self.stopping = False  # Follower.stop is stopping the query: a failure now is its cancelled job
         self.idle = threading.Event()
         self.idle.set()
 
@@ -294,6 +316,15 @@ class _BatchWriter:
         try:
             self._write(df, batch_id)
         except BaseException as exc:
+            if self.stopping and self.query is not None:
+                # Spark tells a stop from a failure by the text of what this raised. Its pattern backtracks once
+                # per character of the text: the cancelled job's JVM trace (thousands of lines) overflows its
+                # stack and kills the query's thread with a StackOverflowError. A short text naming the job group
+                # it cancelled is taken for the stop it is.
+                raise _Cancelled(
+                    f"org.apache.spark.SparkException: micro-batch {batch_id} was cancelled (job group "
+                    f"{self.query.runId}): the follower stopped; its next run does the micro-batch again, whole."
+                ) from None
             self.error = exc  # Spark hands the query's caller a JVM wrapper of it; keep the original
             raise
         finally:
@@ -324,6 +355,10 @@ class _BatchWriter:
         if self.progress is not None:
             self.progress(f"batch {batch_id}: positions {start + 1:,} to {position:,}, {status.mode}, the tables at "
                           f"{run.position:,} in {status.seconds:.1f}s")
+
+
+class _Cancelled(Exception):
+    """A micro-batch cut short by :meth:`Follower.stop` (its Delta commits are exactly-once: nothing is lost)."""
 
 
 def batch_end(checkpoint: Path, batch_id: int) -> int:

@@ -3,23 +3,28 @@ where it is.
 
 ``follow`` prints a line per micro-batch (events, positions, seconds) and stops
 after the micro-batch in flight on SIGTERM or Ctrl-C (waiting ``--grace-s`` at
-most: a batch cut short is redone whole by the next run, exactly once). Exit
-status 0 when stopped or caught up (``--available-now``), 2 with the error in
-one paragraph when the query fails (a handler error under ``stop`` names the
-event). ``status`` reads what the follower last wrote and asks the server for
-the stream's last position; it starts no Spark.
+most: a batch cut short is redone whole by the next run, exactly once). A NATS
+outage is waited out for ``JETSOURCING_OUTAGE_LIMIT_S`` (default: for ever), a
+line on stderr when it starts and when it ends. Exit status 0 when stopped or
+caught up (``--available-now``), 2 when the query fails, its last line the cause
+in one paragraph (a handler error under ``stop`` names the event; a NATS outage
+past the limit names the server), without Spark's stack traces
+(``--log-level DEBUG`` keeps them). ``status`` reads what the follower last
+wrote and asks the server for the stream's last position; it starts no Spark.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import signal
 import threading
 import time
 from types import FrameType
 from typing import Any
 
+from py4j.protocol import Py4JError
 from pyspark.sql import SparkSession
 
 from spark_projections.cli import (
@@ -74,6 +79,8 @@ def run_follow(args: argparse.Namespace, spark: SparkSession | None = None) -> i
     settings = event_store_settings(args)
     if spark is None:
         spark, spark_settings = start_spark(args, settings, stage)
+        if not logging.getLogger().isEnabledFor(logging.DEBUG):
+            _report_failures_once(spark)
     else:
         spark_settings = SparkSettings()
     stop = threading.Event()
@@ -99,9 +106,9 @@ def run_follow(args: argparse.Namespace, spark: SparkSession | None = None) -> i
             follower.stop(args.grace_s)
             stage("stopped")
             return 0
-        error = follower.error or follower.query.exception()
-        if error is not None:
-            raise SparkProjectionError(f"the streaming query failed: {_first_paragraph(error)}")
+        failure = follower.failure
+        if failure is not None:
+            raise SparkProjectionError(f"the streaming query failed: {failure}")
         stage("caught up" if args.available_now else "the query ended")
         return 0
     finally:
@@ -134,11 +141,27 @@ def run_status(args: argparse.Namespace) -> int:
     return 0
 
 
-def _first_paragraph(error: BaseException) -> str:
-    """What an error says: ours whole, Spark's first line (not the JVM's stack trace a StreamingQueryException
-    carries)."""
-    text = str(error).strip()
-    return text if isinstance(error, SparkProjectionError) else text.splitlines()[0]
+# Who reports a failed query besides us, each with the JVM's and the Python worker's stack traces (400 lines and
+# more): the task, the task set, the query's end, and py4j's callback server for the foreachBatch function.
+_FAILURE_REPORTERS = (
+    "org.apache.spark.executor.Executor",
+    "org.apache.spark.scheduler.TaskSetManager",
+    "org.apache.spark.sql.execution.streaming.MicroBatchExecution",  # Spark 4.0, 4.1
+    "org.apache.spark.sql.execution.streaming.runtime.MicroBatchExecution",  # Spark 4.2
+)
+
+
+def _report_failures_once(spark: SparkSession) -> None:
+    """Leave the failure to the command's last line (:func:`~spark_projections.errors.root_cause`): Spark's and
+    py4j's reports of it bury the cause in stack traces. ``--log-level DEBUG`` keeps them."""
+    logging.getLogger("py4j").setLevel(logging.CRITICAL)
+    try:
+        jvm: Any = spark.sparkContext._jvm
+        fatal = jvm.org.apache.logging.log4j.Level.FATAL
+        for name in _FAILURE_REPORTERS:
+            jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(name, fatal)
+    except Py4JError:  # another logging backend: the traces stay, the last line still names the cause
+        pass
 
 
 def _positive_seconds(text: str) -> float:

@@ -29,20 +29,32 @@ Options, besides the batch reader's (``url``, ``stream``, ``categories``,
   holds one commit, usually one event; an atomic batch longer than the bound
   is read whole.
 
+* ``outage_limit_s``: how long a NATS outage (servers unreachable, restarting,
+  electing a leader, silent) is waited out before the query fails; ``none``
+  (default) waits for ever. ``follow`` passes ``EventStoreSettings.outage_limit_s``
+  (``JETSOURCING_OUTAGE_LIMIT_S``). It replaces the former ``give_up_s``, which is
+  refused with a message saying so.
+
 Planning asks the stream's leader (a message get per trigger, over a fresh
-connection) and retries a lost server or a leader election with backoff for up
-to ``give_up_s`` (default 30 s) before the micro-batch fails with an
-:class:`~spark_projections.errors.EventSourceError` that names the server. The
-partitions' reads retry the same way (see :mod:`eventstore.jetstream`).
+connection). While the servers are out, planning never blocks: each trigger
+tries once when its backoff delay has passed (at most 5 s apart) and, until one
+answers, reports no new data, so no micro-batch starts and a stop is never held
+up; the outage is logged when it starts, each minute while it lasts and when it
+ends (on the planner's stderr, which Spark forwards). A micro-batch already
+planned waits the outage out in its partitions' reads, which go on after the
+last position they handed over, so the batch holds its range whole, once.
+At the limit the query fails with an :class:`~spark_projections.errors.EventSourceError`
+that names the server and the limit; nothing of the failed micro-batch was
+written, and the query restarted from its checkpoint does it again whole.
 ``Trigger.AvailableNow`` reads what the stream holds when the query starts,
-then stops.
+then stops; its planning waits an outage out in place (reporting no data would
+end the query), under the same limit.
 """
 
 from __future__ import annotations
 
 import asyncio
-import random
-import time
+import os
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -51,9 +63,10 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
-from eventstore import EventStoreError, ServerUnavailableError
+from eventstore import EventStoreError, ServerUnavailableError, ride_out
 from eventstore.jetstream import BulkConnection, last_commit_boundary, whole_commits_end
 from spark_projections._options import Options, int_option
+from spark_projections._outage import Outage, gave_up, is_outage, parse_limit, worker_logger
 from spark_projections._range_reader import open_connection, read_range
 from spark_projections.errors import EventSourceError
 from spark_projections.settings import DEFAULT_MAX_EVENTS_PER_TRIGGER
@@ -70,7 +83,8 @@ class StreamOptions:
     starting_position: str | int
     """``"earliest"``, ``"latest"`` or the first position to read."""
     max_events_per_trigger: int
-    give_up_s: float
+    outage_limit_s: float | None
+    """How long a NATS outage is waited out; None: for ever."""
 
     @classmethod
     def parse(cls, options: Any) -> StreamOptions:
@@ -84,15 +98,13 @@ class StreamOptions:
                     f"not {start!r}."
                 )
             starting = int_option(opts, "starting_position", None, minimum=1) or 1
-        give_up = opts.get("give_up_s", "30")
-        try:
-            give_up_s = float(give_up)
-        except ValueError:
-            raise EventSourceError(f"Option 'give_up_s' must be a number of seconds, not {give_up!r}.") from None
-        if not give_up_s > 0:
-            raise EventSourceError(f"Option 'give_up_s' must be positive, not {give_up!r}.")
+        if "give_up_s" in opts:
+            raise EventSourceError(
+                "Option 'give_up_s' is now 'outage_limit_s': how long a NATS outage is waited out, in seconds, "
+                "or 'none' (the default) to wait for ever, as EventStoreSettings.outage_limit_s says."
+            )
         limit = int_option(opts, "max_events_per_trigger", DEFAULT_MAX_EVENTS_PER_TRIGGER, minimum=1)
-        return cls(starting, limit or DEFAULT_MAX_EVENTS_PER_TRIGGER, give_up_s)
+        return cls(starting, limit or DEFAULT_MAX_EVENTS_PER_TRIGGER, parse_limit(opts.get("outage_limit_s")))
 
 
 class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -103,6 +115,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.stream = stream
         self.columns = columns
         self._target: int | None = None  # Trigger.AvailableNow: the last position when the query started
+        self._outage = Outage(f"Planning a micro-batch of stream {options.stream!r} at {options.url}",
+                              stream.outage_limit_s)
 
     def initialOffset(self) -> dict[str, int]:
         start = self.stream.starting_position
@@ -121,7 +135,21 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
         after = _position(start)
-        return {"position": self._plan(lambda conn: self._end(conn, after, limit), "Planning a micro-batch")}
+        step = lambda conn: self._end(conn, after, limit)  # noqa: E731
+        if self._target is not None:
+            # Trigger.AvailableNow ends at the first trigger without new data: wait the outage out here.
+            return {"position": self._plan(step, "Planning a micro-batch")}
+        if not self._outage.due:
+            return {"position": after}  # no new data while the servers are out: no micro-batch, no blocking
+        try:
+            end = asyncio.run(self._once(step))
+        except (ServerUnavailableError, EventSourceError) as exc:
+            if not is_outage(exc):
+                raise
+            self._outage.failed(exc)  # raises at the outage limit
+            return {"position": after}
+        self._outage.succeeded()
+        return {"position": end}
 
     def reportLatestOffset(self) -> dict[str, int] | None:
         return None  # one more round trip per trigger for a figure Spark only displays
@@ -136,7 +164,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
         if not isinstance(partition, _Range):
             return iter(())
-        return read_range(self.options, partition.start, partition.stop, self.columns)
+        return read_range(self.options, partition.start, partition.stop, self.columns,
+                          outage_limit_s=self.stream.outage_limit_s)
 
     async def _last(self, conn: BulkConnection) -> int:
         return await last_commit_boundary(conn, self.options.stream, timeout_s=self.options.request_timeout_s)
@@ -162,22 +191,24 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return last
 
     def _plan(self, step: Callable[[BulkConnection], Awaitable[T]], what: str) -> T:
-        """Run ``step`` over a fresh connection, again with backoff while the server is lost or electing a leader."""
-        deadline = time.monotonic() + self.stream.give_up_s
-        delay = 0.1
-        while True:
-            try:
-                return asyncio.run(self._once(step))
-            except (ServerUnavailableError, EventSourceError) as exc:
-                if isinstance(exc, EventSourceError) and not isinstance(exc.__cause__, ServerUnavailableError):
-                    raise
-                if time.monotonic() + delay > deadline:
-                    raise EventSourceError(
-                        f"{what} of stream {self.options.stream!r}: no server at {self.options.url} answered within "
-                        f"{self.stream.give_up_s:g}s ({exc}). Check that the NATS servers run and are reachable."
-                    ) from exc
-            time.sleep(delay * random.uniform(0.5, 1.0))
-            delay = min(delay * 2, 2.0)
+        """Run ``step`` over a fresh connection, waiting an outage out in place (:func:`eventstore.ride_out`);
+        for calls whose answer Spark needs before it goes on."""
+        return asyncio.run(self._ride_out(step, f"{what} of stream {self.options.stream!r} at {self.options.url}"))
+
+    async def _ride_out(self, step: Callable[[BulkConnection], Awaitable[T]], what: str) -> T:
+        # The JVM stops waiting for this process when its query stops, and this call would go on: end it when the
+        # process that started it (the JVM) is gone.
+        stop = asyncio.Event()
+        watch = asyncio.create_task(_watch_parent(stop))
+        try:
+            return await ride_out(lambda: self._once(step), what=what, logger=worker_logger(), transient=is_outage,
+                                  limit_s=self.stream.outage_limit_s, stop=stop)
+        except (ServerUnavailableError, EventSourceError) as exc:
+            if is_outage(exc) and not stop.is_set() and self.stream.outage_limit_s is not None:
+                raise gave_up(exc, self.stream.outage_limit_s) from exc
+            raise
+        finally:
+            watch.cancel()
 
     async def _once(self, step: Callable[[BulkConnection], Awaitable[T]]) -> T:
         conn = await open_connection(self.options)
@@ -189,6 +220,13 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             raise EventSourceError(f"{exc} (server {self.options.url})") from exc
         finally:
             conn.close()
+
+
+async def _watch_parent(stop: asyncio.Event) -> None:
+    parent = os.getppid()
+    while os.getppid() == parent:
+        await asyncio.sleep(0.5)
+    stop.set()
 
 
 def offset_position(offset: object) -> int | None:

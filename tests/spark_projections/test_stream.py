@@ -15,6 +15,7 @@ from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 
 from eventstore import EmbeddedServer, EntityAppend, EventStore, EventStoreSettings, StreamId
+from spark_projections.errors import root_cause
 from spark_projections.source import read_events
 from spark_projections.stream import StreamOptions
 
@@ -117,8 +118,10 @@ async def test_a_checkpoint_past_the_streams_end_fails_with_what_to_do(
         ({"starting_position": "0"}, "at least 1"),
         ({"max_events_per_trigger": "0"}, "at least 1"),
         ({"max_events_per_trigger": "lots"}, "must be an integer"),
-        ({"give_up_s": "-1"}, "must be positive"),
-        ({"give_up_s": "soon"}, "number of seconds"),
+        ({"outage_limit_s": "-1"}, "positive number of seconds, or 'none'"),
+        ({"outage_limit_s": "soon"}, "positive number of seconds, or 'none'"),
+        ({"outage_limit_s": "inf"}, "positive number of seconds, or 'none'"),
+        ({"give_up_s": "30"}, "'give_up_s' is now 'outage_limit_s'"),
     ],
 )
 def test_bad_stream_options_are_refused_with_what_was_wrong(options: dict[str, str], message: str) -> None:
@@ -126,13 +129,19 @@ def test_bad_stream_options_are_refused_with_what_was_wrong(options: dict[str, s
         StreamOptions.parse(options)
 
 
-def test_a_lost_server_fails_the_query_naming_it(spark: SparkSession, tmp_path: Path) -> None:
+def test_stream_options_default_to_waiting_out_an_outage_for_ever() -> None:
+    assert StreamOptions.parse({}).outage_limit_s is None
+    assert StreamOptions.parse({"outage_limit_s": "none"}).outage_limit_s is None
+    assert StreamOptions.parse({"outage_limit_s": "2.5"}).outage_limit_s == 2.5
+
+
+def test_a_lost_server_fails_the_query_at_the_outage_limit_naming_it(spark: SparkSession, tmp_path: Path) -> None:
     server = EmbeddedServer(tmp_path / "js")
     server.start()
     url = server.url
     server.stop()
     settings = EventStoreSettings(nats_url=url)
     with pytest.raises(PySparkException) as failure:
-        run_available_now(spark, settings, tmp_path / "chk", give_up_s=2, request_timeout_s=0.5)
-    assert url.removeprefix("nats://") in str(failure.value)
-    assert "no server" in str(failure.value).lower()
+        run_available_now(spark, settings, tmp_path / "chk", outage_limit_s=2, request_timeout_s=0.5)
+    assert f"Could not connect to NATS at {url} within 0.5s" in str(failure.value)
+    assert "the outage reached its limit of 2s" in root_cause(failure.value), root_cause(failure.value)
