@@ -24,7 +24,7 @@ from eventstore import EmbeddedServer, EventStore, EventStoreSettings
 from spark_projections._options import Options
 from spark_projections._range_reader import range_parts
 from spark_projections.errors import EventSourceError
-from spark_projections.follow import follow, follow_status
+from spark_projections.follow import batch_end, follow, follow_status
 from spark_projections.projection import rebuild
 
 from test_follow import checkpoint_batches, delta_rs_rows, follow_command, wait_for
@@ -152,6 +152,46 @@ async def test_a_follower_waits_out_an_outage_longer_than_the_old_give_up_and_de
         server.stop()
     # A stop that cut a micro-batch short used to kill Spark's thread with a StackOverflowError (thousands of lines).
     assert "StackOverflowError" not in capfd.readouterr().err
+
+
+async def test_a_follower_past_the_outage_limit_fails_naming_the_server_and_its_batch_is_redone_once(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """The server stops with a micro-batch in flight and stays down past ``outage_limit_s``: the query fails,
+    :attr:`Follower.failure` names the server and the limit (not "An error occurred while calling
+    o123.localCheckpoint"), nothing of the batch was written, and the next run does it exactly once."""
+    server = EmbeddedServer(tmp_path / "js").start()
+    try:
+        settings = EventStoreSettings(nats_url=server.url, outage_limit_s=2)
+        await append(settings, 300, seed=36)
+        projection = Movements()
+        root = tmp_path / "limited"
+        checkpoint = root / "_jetsourcing" / "checkpoints" / "movements.v1"
+        follower = follow(spark, projection, settings, root, trigger_s=0.3, max_events_per_trigger=100)
+        try:
+            wait_for(lambda: follower.status is not None, 240, "the first micro-batch")
+            last = await append(settings, 600, seed=37)
+            wait_for(lambda: (lambda o, c: o > c)(*checkpoint_batches(checkpoint)), 60, "a micro-batch in flight")
+            server.stop()
+            wait_for(lambda: not follower.active, 120, "the follower to give up")
+        finally:
+            if follower.active:
+                follower.query.stop()
+        failure = follower.failure or ""
+        assert failure.startswith(f"Could not connect to NATS at {server.url} within 5.0s"), failure
+        assert "the outage reached its limit of 2s (outage_limit_s, JETSOURCING_OUTAGE_LIMIT_S)" in failure, failure
+        planned, finished = checkpoint_batches(checkpoint)
+        assert planned in (finished, finished + 1)
+        # Nothing of the batch that failed was written: the tables are at most where the last finished batch ended.
+        assert history_positions(root / "movements")[-1][1] <= batch_end(checkpoint, finished - 1)
+        server.start()
+        assert follow(spark, projection, settings, root, available_now=True).await_termination(240)
+        assert rebuild(spark, projection, settings, tmp_path / "rebuilt").position == last
+        assert delta_rs_rows(root, projection) == delta_rs_rows(tmp_path / "rebuilt", projection)
+        positions = [p for _, p in history_positions(root / "movements")]
+        assert positions == sorted(set(positions)) and positions[-1] == last  # each range committed once
+    finally:
+        server.stop()
 
 
 async def test_the_follow_command_at_the_outage_limit_ends_with_one_line_naming_the_server(
