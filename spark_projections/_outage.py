@@ -53,7 +53,7 @@ def gave_up(exc: BaseException, limit_s: float) -> EventSourceError:
     )
 
 
-class Outage:
+class OutageAcrossCalls:
     """The outage policy for a call Spark makes again and again and that must not block (the planner's
     ``latestOffset``): each failure is logged by state and sets when the next try is due; at the limit,
     :meth:`failed` raises :func:`gave_up`'s error."""

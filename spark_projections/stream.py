@@ -66,7 +66,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from eventstore import EventStoreError, ServerUnavailableError, ride_out
 from eventstore.jetstream import BulkConnection, last_commit_boundary, whole_commits_end
 from spark_projections._options import Options, int_option
-from spark_projections._outage import Outage, gave_up, is_outage, parse_limit, worker_logger
+from spark_projections._outage import OutageAcrossCalls, gave_up, is_outage, parse_limit, worker_logger
 from spark_projections._range_reader import open_connection, read_range
 from spark_projections.errors import EventSourceError
 from spark_projections.settings import DEFAULT_MAX_EVENTS_PER_TRIGGER
@@ -115,7 +115,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.stream = stream
         self.columns = columns
         self._target: int | None = None  # Trigger.AvailableNow: the last position when the query started
-        self._outage = Outage(f"Planning a micro-batch of stream {options.stream!r} at {options.url}",
+        self._outage = OutageAcrossCalls(f"Planning a micro-batch of stream {options.stream!r} at {options.url}",
                               stream.outage_limit_s)
 
     def initialOffset(self) -> dict[str, int]:
