@@ -115,8 +115,9 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.stream = stream
         self.columns = columns
         self._target: int | None = None  # Trigger.AvailableNow: the last position when the query started
-        self._outage = OutageAcrossCalls(f"Planning a micro-batch of stream {options.stream!r} at {options.url}",
-                              stream.outage_limit_s)
+        self._outage = OutageAcrossCalls(
+            f"Planning a micro-batch of stream {options.stream!r} at {options.url}", stream.outage_limit_s
+        )
 
     def initialOffset(self) -> dict[str, int]:
         start = self.stream.starting_position
