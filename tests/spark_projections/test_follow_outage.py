@@ -113,11 +113,11 @@ async def test_a_follower_waits_out_an_outage_longer_than_the_old_give_up_and_de
     server = EmbeddedServer(tmp_path / "js").start()
     try:
         settings = EventStoreSettings(nats_url=server.url)  # outage_limit_s: None, wait for ever
-        await append(settings, 900, seed=32)
+        await append(settings, 120, seed=32)
         projection = Movements()
         root = tmp_path / "followed"
         checkpoint = root / "_jetsourcing" / "checkpoints" / "movements.v1"
-        follower = follow(spark, projection, settings, root, trigger_s=0.3, max_events_per_trigger=150)
+        follower = follow(spark, projection, settings, root, trigger_s=0.3, max_events_per_trigger=60)
         try:
             wait_for(lambda: follower.status is not None, 240, "the first micro-batch")
             server.stop()  # a micro-batch is most likely in flight: its reads wait the outage out
@@ -126,12 +126,12 @@ async def test_a_follower_waits_out_an_outage_longer_than_the_old_give_up_and_de
                 assert follower.active, f"the follower gave up during the outage: {follower.query.exception()}"
                 await asyncio.sleep(0.5)
             server.start()
-            first = await append(settings, 200, seed=33)
+            first = await append(settings, 30, seed=33)
             wait_for(lambda: follower.status is not None and follower.status.position == first or not follower.active,
                      240, "the follower to read the events appended after the outage")
             assert follower.active and follower.query.exception() is None, follower.query.exception()
 
-            last = await append(settings, 600, seed=35)
+            last = await append(settings, 300, seed=35)
             wait_for(lambda: (lambda o, c: o > c)(*checkpoint_batches(checkpoint)), 60, "a micro-batch in flight")
             server.stop()  # another outage, a micro-batch in flight: stopping the follower must not wait for it
             await asyncio.sleep(1.0)
@@ -163,14 +163,14 @@ async def test_a_follower_past_the_outage_limit_fails_naming_the_server_and_its_
     server = EmbeddedServer(tmp_path / "js").start()
     try:
         settings = EventStoreSettings(nats_url=server.url, outage_limit_s=2)
-        await append(settings, 300, seed=36)
+        await append(settings, 150, seed=36)
         projection = Movements()
         root = tmp_path / "limited"
         checkpoint = root / "_jetsourcing" / "checkpoints" / "movements.v1"
         follower = follow(spark, projection, settings, root, trigger_s=0.3, max_events_per_trigger=100)
         try:
             wait_for(lambda: follower.status is not None, 240, "the first micro-batch")
-            last = await append(settings, 600, seed=37)
+            last = await append(settings, 300, seed=37)
             wait_for(lambda: (lambda o, c: o > c)(*checkpoint_batches(checkpoint)), 60, "a micro-batch in flight")
             server.stop()
             wait_for(lambda: not follower.active, 120, "the follower to give up")
