@@ -163,7 +163,7 @@ async def _abandon(rm: ReadModelStore, writer: Writer, owner: str, *, keep: bool
             log.info("%s: kept generation %d at position %d for a resumed rebuild.", shadow.projection,
                      shadow.generation, writer.checkpoint)
         else:
-            await rm.offload(rm.discard, shadow.projection, shadow.generation)
+            await rm.offload(rm.discard, shadow.projection, shadow.generation, owner)
     except Exception:  # noqa: BLE001 - the next rebuild drops or takes it over anyway
         log.warning("%s: could not %s the abandoned generation %d.", shadow.projection, "release" if keep else "drop",
                     shadow.generation)

@@ -673,10 +673,10 @@ class SqlStore(ReadModelStore):
                 log.info("%s: the retired generation %d is still in use (%s); it is dropped later.", name, number,
                          " ".join(str(exc).split()))
 
-    def discard(self, name: str, generation: int) -> None:
+    def discard(self, name: str, generation: int, owner: str | None = None) -> None:
         with self._write():
             gen = self._gen(name, generation, lock=True)
-            if gen is not None and gen.state != GenerationState.LIVE:
+            if gen is not None and gen.state != GenerationState.LIVE and (owner is None or gen.owner in (owner, None)):
                 self._drop_generation_tables(name, gen)
 
     def writer(self, generation: Generation, owner: str) -> "SqlWriter":

@@ -240,8 +240,9 @@ class ReadModelStore(ABC):
         """
 
     @abstractmethod
-    def discard(self, name: str, generation: int) -> None:
-        """Drop a generation that is not live."""
+    def discard(self, name: str, generation: int, owner: str | None = None) -> None:
+        """Drop a generation that is not live; given ``owner``, only while that owner (or nobody) holds it, so a
+        rebuild that gives up never drops a shadow another rebuild has resumed since."""
 
     @abstractmethod
     def writer(self, generation: Generation, owner: str) -> Writer:

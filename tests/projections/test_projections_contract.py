@@ -294,6 +294,8 @@ def test_a_resumed_shadow_belongs_to_its_new_builder_alone(connect: StoreFactory
             late.commit(6)
         second = store.writer(resumed, "second")
         assert second.checkpoint == 4 and second.transaction().get("balances", "a") is not None
+        store.discard(projection.name, shadow.generation, "first")  # the first builder giving up late: no effect
+        assert second.transaction().get("balances", "a") is not None
 
         class Bumped(AccountBalances):
             version = 2
