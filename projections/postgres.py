@@ -46,7 +46,8 @@ from typing import Any
 from .errors import ProjectionError, ReadModelNotFoundError
 from .postgres_deadline import Deadline, WatchedConnection, WatchedCursor
 from .settings import SCHEMA_PATTERN, reserved_schema
-from .sql import BOOKKEEPING, SqlStore, quote
+from .sql import SqlStore
+from .sql_layout import BOOKKEEPING, quote
 
 try:
     import psycopg

@@ -25,46 +25,7 @@ Layout, the same in both:
   PostgreSQL's 63 bytes; statements name relations through
   :meth:`SqlStore.relation` (schema-qualified in PostgreSQL).
 
-Exactly once: a batch's rows, dead letters and checkpoint go into one
-transaction whose first statement moves the checkpoint only if it still
-holds the writer's last value and owner (compare-and-set, which also locks
-the generation's row); otherwise nothing is written. Every change of the
-generations (create, claim, switch, drop) runs in a *write* transaction
-that the dialect serialises per database, and reads the rows it decides on
-with a row lock, so a switch never retires a generation whose checkpoint
-moved after it looked.
-
-The switch protocol: a daemon's batch and a rebuild's switch may interleave
-in any order, in one process or several, without an error, a lost event or
-a double apply.
-
-* The switch is one transaction: it locks the live generation's row (a
-  commit in flight finishes first, and the switch sees its checkpoint),
-  marks that generation ``retired`` without an owner, makes the shadow
-  live and re-points the views. A batch committing after it fails its
-  compare-and-set: nothing is written, the daemon reloads.
-* A batch reads its rows before its transaction begins, so it may read
-  tables a switch has just dropped. Every failed statement of a writer is
-  followed by a fresh read of its generation: if the writer no longer owns
-  it at its checkpoint, the failure is raised as
-  :class:`CheckpointConflictError` (nothing was written; the daemon
-  reloads), otherwise as itself. Correctness rests on the compare-and-set
-  and this check only, never on when the old tables go.
-* So the old tables go at once after the switch if nothing holds them, or
-  else with the next claim (the daemon reloading, its old writer closed)
-  or rebuild. Waiting until no writer can address them is not something a
-  store can know: a writer in another process may be frozen or cut off,
-  and looks the same as a dead one; what it can ensure is that a writer
-  that does address them loses nothing (above). Dropping at once, not at
-  the next claim, keeps one copy of the model when a rebuild runs while no
-  daemon does.
-* PostgreSQL queues every new reader of a view behind a waiting ACCESS
-  EXCLUSIVE request, so the switch takes the views last and waits for them
-  only briefly (:meth:`SqlStore.lock_briefly`); if readers hold them, the
-  switch rolls back and is tried again with backoff, for at most the
-  store's timeout, and readers wait at most that brief moment. A drop of
-  old tables waits as briefly, then leaves them for later. SQLite's
-  readers (WAL) never wait for a writer.
+How a batch commits exactly once and how the switch interleaves with it: :mod:`projections.sql_writer`.
 """
 
 from __future__ import annotations
@@ -74,210 +35,33 @@ import logging
 import time
 import uuid
 from abc import abstractmethod
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from operator import itemgetter
-from typing import Any, NoReturn, Protocol
+from typing import Any
 
 from eventstore import Backoff
 
-from .errors import CheckpointConflictError, ProjectionDefinitionError, ReadModelNotFoundError, RebuildError, RowError
+from .errors import ProjectionDefinitionError, ReadModelNotFoundError, RebuildError, RowError
 from .projection import Projection
-from .store import (
-    DeadLetter,
-    Generation,
-    GenerationState,
-    ReadModelStore,
-    RunState,
-    StoredStatus,
-    Writer,
-    WriteTransaction,
+from .sql_layout import (
+    BOOKKEEPING,
+    GEN_COLUMNS,
+    SCHEMA,
+    Cursor,
+    TableOps,
+    generation_from_row,
+    generation_names,
+    physical_name,
+    quote,
+    tables_of,
 )
-from .tables import Key, Row, Table, plain_text
-from .transaction import RowCache
+from .sql_writer import SqlTransaction, SqlWriter
+from .store import DeadLetter, Generation, GenerationState, ReadModelStore, RunState, StoredStatus
+from .tables import Key, Row, Table
 
-__all__ = ["SqlStore", "SqlTransaction", "SqlWriter", "physical_name"]
+__all__ = ["SqlStore", "SqlTransaction", "SqlWriter"]
 
 log = logging.getLogger("projections")
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS _jetsourcing_meta (
-    key TEXT PRIMARY KEY,
-    value TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS _jetsourcing_projections (
-    name TEXT PRIMARY KEY,
-    generation BIGINT NOT NULL,
-    last_generation BIGINT NOT NULL,
-    state TEXT NOT NULL,
-    owner TEXT,
-    counters TEXT,
-    error TEXT,
-    updated_at DOUBLE PRECISION NOT NULL
-);
-CREATE TABLE IF NOT EXISTS _jetsourcing_generations (
-    projection TEXT NOT NULL,
-    generation BIGINT NOT NULL,
-    version BIGINT NOT NULL,
-    state TEXT NOT NULL,
-    checkpoint BIGINT NOT NULL,
-    definition TEXT NOT NULL,
-    stream TEXT NOT NULL,
-    owner TEXT,
-    target BIGINT,
-    created_at DOUBLE PRECISION NOT NULL,
-    heartbeat_at DOUBLE PRECISION,
-    PRIMARY KEY (projection, generation)
-);
-CREATE TABLE IF NOT EXISTS _jetsourcing_dead_letters (
-    projection TEXT NOT NULL,
-    generation BIGINT NOT NULL,
-    position BIGINT NOT NULL,
-    event_index BIGINT NOT NULL,
-    stream_id TEXT NOT NULL,
-    event_type TEXT NOT NULL,
-    event_id TEXT NOT NULL,
-    error TEXT NOT NULL,
-    traceback TEXT NOT NULL,
-    recorded_at TEXT NOT NULL,
-    dead_at DOUBLE PRECISION NOT NULL,
-    PRIMARY KEY (projection, generation, position)
-);
-"""
-"""The bookkeeping tables; the type names mean the same in SQLite (by affinity) and PostgreSQL."""
-
-BOOKKEEPING = ("_jetsourcing_meta", "_jetsourcing_projections", "_jetsourcing_generations", "_jetsourcing_dead_letters")
-"""The bookkeeping tables' names: the statements below name them unqualified (a dialect may qualify them)."""
-
-MAX_IDENTIFIER_BYTES = 63
-"""The longest name of a table or index, in both stores: PostgreSQL silently cuts longer ones, so two
-generations' names could become one."""
-
-_GEN_COLUMNS = (
-    "projection, generation, version, state, checkpoint, definition, stream, owner, target, created_at, heartbeat_at"
-)
-
-_CAS = (
-    "UPDATE _jetsourcing_generations SET checkpoint = ?, heartbeat_at = ? "
-    "WHERE projection = ? AND generation = ? AND checkpoint = ? AND owner = ? AND state IN ('live', 'building')"
-)
-
-_DEAD_LETTER_TABLE = Table(
-    "dead_letters", key=("projection", "generation", "position"),
-    columns={"projection": str, "generation": int, "position": int, "event_index": int, "stream_id": str,
-             "event_type": str, "event_id": str, "error": str, "traceback": str, "recorded_at": str, "dead_at": float},
-)
-
-
-class Cursor(Protocol):
-    """What the store uses of a DB-API cursor (sqlite3's and psycopg's agree on it)."""
-
-    @property
-    def rowcount(self) -> int: ...
-
-    def fetchone(self) -> Any: ...
-
-    def fetchall(self) -> list[Any]: ...
-
-    def __iter__(self) -> Iterator[Any]: ...
-
-
-def _text(value: str) -> str:
-    """Error text as every database stores it: NUL and lone surrogates escaped (PostgreSQL refuses them)."""
-    if plain_text(value):
-        return value
-    return value.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-def physical_name(table: str, generation: int) -> str:
-    """The physical table holding generation ``generation`` of declared table ``table``."""
-    return f"{table}__g{generation}"
-
-
-def quote(name: str) -> str:
-    """``name`` as a quoted SQL identifier (the same in SQLite and PostgreSQL)."""
-    return '"' + name.replace('"', '""') + '"'
-
-
-def upsert_sql(physical: str, table: Table, relation: str | None = None) -> str:
-    """Insert a whole row, or replace every non-key column of the row with its key (both dialects' syntax);
-    ``relation`` is how the statement names the table (default: ``physical`` quoted)."""
-    names = table.column_names
-    cols = ", ".join(quote(c) for c in names)
-    keys = ", ".join(quote(k) for k in table.key)
-    values = [c for c in names if c not in table.key]
-    action = ("DO UPDATE SET " + ", ".join(f"{quote(c)} = excluded.{quote(c)}" for c in values)) if values else "DO NOTHING"
-    placeholders = ", ".join("?" * len(names))
-    return f"INSERT INTO {relation or quote(physical)} ({cols}) VALUES ({placeholders}) ON CONFLICT ({keys}) {action}"
-
-
-def generation_names(table: Table, physical: str) -> list[str]:
-    """The names one generation of ``table`` takes: its physical table ``physical``, then one per index.
-
-    Raises :class:`ProjectionDefinitionError` when one is longer than :data:`MAX_IDENTIFIER_BYTES`, in every
-    store alike (names are ASCII, so bytes are characters).
-    """
-    names = [physical, *(f"{physical}__i{i}" for i in range(len(table.indexes)))]
-    for name in names:
-        if len(name.encode()) > MAX_IDENTIFIER_BYTES:
-            raise ProjectionDefinitionError(
-                f"Table {table.name!r} cannot get the name {name!r} for a generation: it is {len(name.encode())} "
-                f"bytes long, and PostgreSQL keeps {MAX_IDENTIFIER_BYTES} bytes of a name (it would cut it, so two "
-                "names could become one). Rename the table to a shorter name, or declare fewer indexes."
-            )
-    return names
-
-
-class TableOps:
-    """Prepared SQL and row conversions for one physical table, named in statements as ``relation`` (the
-    store's :meth:`SqlStore.relation` of it)."""
-
-    __slots__ = ("table", "physical", "relation", "select", "upsert", "delete", "values", "bools", "names", "order")
-
-    def __init__(self, table: Table, physical: str, relation: str) -> None:
-        self.table = table
-        self.physical = physical
-        self.relation = relation
-        names = table.column_names
-        self.names = names
-        cols = ", ".join(quote(c) for c in names)
-        where = " AND ".join(f"{quote(k)} = ?" for k in table.key)
-        self.select = f"SELECT {cols} FROM {relation} WHERE {where}"
-        self.upsert = upsert_sql(physical, table, relation)
-        self.delete = f"DELETE FROM {relation} WHERE {where}"
-        self.order = ", ".join(quote(k) for k in table.key)
-        getter = itemgetter(*names)
-        self.values: Callable[[Row], tuple[Any, ...]] = getter if len(names) > 1 else (lambda row: (getter(row),))
-        self.bools = tuple(c.name for c in table.columns if c.type is bool)
-
-    def from_storage(self, values: Sequence[Any]) -> Row:
-        """A stored row as handlers see it (SQLite keeps booleans as 0/1)."""
-        row = dict(zip(self.names, values))
-        for name in self.bools:
-            if row[name] is not None:
-                row[name] = bool(row[name])
-        return row
-
-
-def _generation(row: Sequence[Any]) -> Generation:
-    return Generation(
-        projection=row[0],
-        generation=row[1],
-        version=row[2],
-        state=GenerationState(row[3]),
-        checkpoint=row[4],
-        definition=json.loads(row[5]),
-        stream=row[6],
-        owner=row[7],
-        target=row[8],
-        created_at=row[9],
-        heartbeat_at=row[10],
-    )
-
-
-def tables_of(definition: Mapping[str, Any]) -> list[Table]:
-    """The tables of a stored projection definition."""
-    return [Table.from_spec(spec) for spec in definition["tables"]]
 
 
 class SqlStore(ReadModelStore):
@@ -378,7 +162,7 @@ class SqlStore(ReadModelStore):
                     "created). Check the database setting (--db, JETSOURCING_DATABASE), or run a projection first."
                 )
             with self._write():
-                for statement in _SCHEMA.split(";"):
+                for statement in SCHEMA.split(";"):
                     if statement.strip():
                         self.execute(statement)
                 self.execute(
@@ -393,11 +177,11 @@ class SqlStore(ReadModelStore):
 
     def _gen(self, name: str, generation: int, *, lock: bool = False) -> Generation | None:
         row = self.execute(
-            f"SELECT {_GEN_COLUMNS} FROM _jetsourcing_generations WHERE projection = ? AND generation = ?"
+            f"SELECT {GEN_COLUMNS} FROM _jetsourcing_generations WHERE projection = ? AND generation = ?"
             + (self.for_update if lock else ""),
             (name, generation),
         ).fetchone()
-        return _generation(row) if row else None
+        return generation_from_row(row) if row else None
 
     def _live_number(self, name: str) -> int | None:
         row = self.execute("SELECT generation FROM _jetsourcing_projections WHERE name = ?", (name,)).fetchone()
@@ -482,7 +266,7 @@ class SqlStore(ReadModelStore):
     def _insert_generation(self, projection: Projection, generation: int, state: str, stream: str, owner: str | None,
                            target: int | None, now: float) -> None:
         self.execute(
-            f"INSERT INTO _jetsourcing_generations ({_GEN_COLUMNS}) VALUES (?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?)",
+            f"INSERT INTO _jetsourcing_generations ({GEN_COLUMNS}) VALUES (?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?)",
             (projection.name, generation, projection.version, state, json.dumps(projection.describe()), stream, owner,
              target, now, now if owner else None),
         )
@@ -550,11 +334,11 @@ class SqlStore(ReadModelStore):
                 "UPDATE _jetsourcing_projections SET last_generation = ? WHERE name = ?", (generation, projection.name)
             )
             for row in self.execute(
-                f"SELECT {_GEN_COLUMNS} FROM _jetsourcing_generations WHERE projection = ? AND state = 'building'"
+                f"SELECT {GEN_COLUMNS} FROM _jetsourcing_generations WHERE projection = ? AND state = 'building'"
                 + self.for_update,
                 (projection.name,),
             ).fetchall():
-                self._drop_generation_tables(projection.name, _generation(row))
+                self._drop_generation_tables(projection.name, generation_from_row(row))
             self._check_table_names(projection)
             self._create_generation_tables(projection.tables, generation)
             self._insert_generation(projection, generation, "building", stream, owner, target, time.time())
@@ -565,11 +349,11 @@ class SqlStore(ReadModelStore):
     def resume_shadow(self, projection: Projection, stream: str, owner: str, target: int) -> Generation | None:
         with self._write():
             row = self.execute(
-                f"SELECT {_GEN_COLUMNS} FROM _jetsourcing_generations WHERE projection = ? AND state = 'building' "
+                f"SELECT {GEN_COLUMNS} FROM _jetsourcing_generations WHERE projection = ? AND state = 'building' "
                 "ORDER BY generation DESC LIMIT 1" + self.for_update,
                 (projection.name,),
             ).fetchone()
-            found = _generation(row) if row else None
+            found = generation_from_row(row) if row else None
             # The stored definition went through JSON: compare it in that form.
             wanted = (projection.version, json.loads(json.dumps(projection.describe())), stream)
             if found is None or (found.version, found.definition, found.stream) != wanted:
@@ -679,7 +463,7 @@ class SqlStore(ReadModelStore):
             if gen is not None and gen.state != GenerationState.LIVE and (owner is None or gen.owner in (owner, None)):
                 self._drop_generation_tables(name, gen)
 
-    def writer(self, generation: Generation, owner: str) -> "SqlWriter":
+    def writer(self, generation: Generation, owner: str) -> SqlWriter:
         return SqlWriter(self, generation, owner)
 
     # -- run state ----------------------------------------------------------
@@ -707,7 +491,7 @@ class SqlStore(ReadModelStore):
         ).fetchall()
         for name, generation, state, owner, counters, error, updated_at in rows:
             building_row = self.execute(
-                f"SELECT {_GEN_COLUMNS} FROM _jetsourcing_generations WHERE projection = ? AND state = 'building' "
+                f"SELECT {GEN_COLUMNS} FROM _jetsourcing_generations WHERE projection = ? AND state = 'building' "
                 "ORDER BY generation DESC LIMIT 1",
                 (name,),
             ).fetchone()
@@ -722,7 +506,7 @@ class SqlStore(ReadModelStore):
                     owner=owner,
                     updated_at=updated_at,
                     live=self._gen(name, generation),
-                    building=_generation(building_row) if building_row else None,
+                    building=generation_from_row(building_row) if building_row else None,
                     counters=json.loads(counters) if counters else {},
                     error=json.loads(error) if error else None,
                     dead_letters=int(dead),
@@ -808,215 +592,3 @@ class _WriteTx:
             self.store.commit()
         else:
             self.store.rollback_quietly()
-
-
-class SqlWriter(Writer):
-    """Writes one generation for one owner; keeps committed rows cached between batches."""
-
-    def __init__(self, store: SqlStore, generation: Generation, owner: str) -> None:
-        self.store = store
-        self.generation = generation
-        self.owner = owner
-        self.checkpoint = generation.checkpoint
-        self.transient_errors = store.transient_errors
-        tables = tables_of(generation.definition)
-        self.tables = {t.name: t for t in tables}
-        self.ops = {t.name: store.table_ops(t, physical_name(t.name, generation.generation)) for t in tables}
-        self.physical_names = {t.name: op.relation for t, op in zip(tables, self.ops.values())}
-        self.cache = RowCache(self.tables, store.cache_rows)
-        for name, ops in self.ops.items():
-            try:
-                empty = store.execute(f"SELECT 1 FROM {ops.relation} LIMIT 1").fetchone() is None
-            except Exception as exc:
-                if self.conflict(exc) is None:
-                    raise
-                break  # switched away since the claim (its tables may be gone): the first batch reloads
-            if empty:
-                self.cache.complete.add(name)
-
-    def transaction(self) -> "SqlTransaction":
-        return SqlTransaction(self)
-
-    def touch(self, counters: dict[str, Any] | None = None) -> bool:
-        gen = self.generation
-        store = self.store
-        now = time.time()
-        owned = store.execute(
-            "UPDATE _jetsourcing_generations SET heartbeat_at = ? WHERE projection = ? AND generation = ? AND owner = ? "
-            "AND checkpoint = ? AND state IN ('live', 'building')",
-            (now, gen.projection, gen.generation, self.owner, self.checkpoint),
-        ).rowcount == 1
-        if owned and counters is not None and gen.state == GenerationState.LIVE:
-            store.execute(
-                "UPDATE _jetsourcing_projections SET counters = ?, updated_at = ? WHERE name = ? AND owner = ?",
-                (json.dumps(counters), now, gen.projection, self.owner),
-            )
-        return owned
-
-    def owns(self) -> bool:
-        """True while this writer's generation is live or building, owned by it, at its checkpoint (read now)."""
-        gen = self.generation
-        return self.store.execute(
-            "SELECT 1 FROM _jetsourcing_generations WHERE projection = ? AND generation = ? AND owner = ? "
-            "AND checkpoint = ? AND state IN ('live', 'building')",
-            (gen.projection, gen.generation, self.owner, self.checkpoint),
-        ).fetchone() is not None
-
-    def failed(self, exc: Exception) -> NoReturn:
-        """Raise for ``exc``, which failed one of this writer's statements: :class:`CheckpointConflictError` (from
-        ``exc``) when the writer no longer owns its generation, else ``exc``."""
-        conflict = self.conflict(exc)
-        if conflict is not None:
-            raise conflict from exc
-        raise exc
-
-    def conflict(self, exc: BaseException) -> CheckpointConflictError | None:
-        """After ``exc`` failed one of this writer's statements: the conflict to raise instead when the writer no
-        longer owns its generation (a switch retired it, its tables may be gone), else None (``exc`` stands; also
-        when that cannot be told now: a lost connection, a timeout, a failed transaction)."""
-        if isinstance(exc, CheckpointConflictError) or not self.store.can_ask_after(exc):
-            return None
-        try:
-            if self.owns():
-                return None
-        except Exception:  # noqa: BLE001 - cannot tell: the original error is the one to report
-            return None
-        self.cache.clear()
-        gen = self.generation
-        log.debug("%s: generation %d was switched away under a batch (%s: %s).", gen.projection, gen.generation,
-                  type(exc).__name__, exc)
-        return CheckpointConflictError(
-            f"{gen.projection!r} generation {gen.generation} is no longer owned by {self.owner} at checkpoint "
-            f"{self.checkpoint} (a rebuild switched it away?): nothing was written ({type(exc).__name__}: "
-            f"{' '.join(str(exc).split())})."
-        )
-
-    def close(self) -> None:
-        self.cache.clear()
-
-
-class SqlTransaction(WriteTransaction):
-    """A batch's transaction: rows, dead letters and checkpoint commit together.
-
-    Handlers may also run plain SQL with :meth:`execute`; write ``{table}``
-    for the physical table of the generation being written (double literal
-    braces), and the driver's placeholders (``?`` for SQLite, ``%s`` for
-    PostgreSQL). SQL ties the handler to that database: Spark cannot run it.
-    """
-
-    def __init__(self, writer: SqlWriter) -> None:
-        super().__init__(writer.tables, writer.cache)
-        self._writer = writer
-        self._store = writer.store
-        self._begun = False
-        self._raw = False
-        self._letters: list[DeadLetter] = []
-
-    def _fetch(self, table: Table, key: Key) -> Row | None:
-        ops = self._writer.ops[table.name]
-        try:
-            row = self._store.execute(ops.select, table.key_values(key)).fetchone()
-        except Exception as exc:
-            self._writer.failed(exc)
-        return None if row is None else ops.from_storage(row)
-
-    def table_name(self, table: str) -> str:
-        """The quoted physical name of declared ``table`` in the generation this transaction writes (with its
-        schema, in PostgreSQL)."""
-        return self._writer.physical_names[table]
-
-    def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[Any]:
-        """Run plain SQL inside the batch's transaction (after this transaction's pending writes); return its rows."""
-        try:
-            self._begin()
-            self._flush()
-            self._reset()
-            self._raw = True
-            if self.cache is not None:
-                self.cache.clear()
-            conn = self._store.conn
-            statement = sql.format_map(self._writer.physical_names)
-            cursor = conn.execute(statement, params) if params else conn.execute(statement)
-            return list(cursor.fetchall()) if cursor.description is not None else []
-        except Exception as exc:
-            self._writer.failed(exc)
-
-    def dead_letter(self, letter: DeadLetter) -> None:
-        self._letters.append(letter)
-
-    def _begin(self) -> None:
-        if not self._begun:
-            self._store.begin_batch()
-            self._begun = True
-
-    def _flush(self) -> None:
-        store = self._store
-        for name, rows in self.writes.items():
-            if not rows:
-                continue
-            ops = self._writer.ops[name]
-            table = ops.table
-            deletes = [table.key_values(k) for k, r in rows.items() if r is None]
-            if deletes:
-                store.executemany(store.sql(ops.delete), deletes)
-            values = ops.values
-            upserts = [values(r) for r in rows.values() if r is not None]
-            if upserts:
-                store.executemany(store.sql(ops.upsert), upserts)
-
-    def commit(self, checkpoint: int) -> None:
-        writer = self._writer
-        gen = writer.generation
-        store = self._store
-        if checkpoint < writer.checkpoint or (checkpoint == writer.checkpoint and (self.changed or self._letters)):
-            # Writes at the stored checkpoint would apply its events a second time.
-            raise ValueError(f"Checkpoint {checkpoint} is not past the stored {writer.checkpoint}.")
-        try:
-            self._begin()
-            moved = store.execute(
-                _CAS, (checkpoint, time.time(), gen.projection, gen.generation, writer.checkpoint, writer.owner)
-            ).rowcount
-            if moved != 1:
-                writer.cache.clear()
-                raise CheckpointConflictError(
-                    f"The checkpoint of {gen.projection!r} generation {gen.generation} is no longer {writer.checkpoint} "
-                    f"owned by {writer.owner}: another writer or a rebuild switch moved it. Nothing was written."
-                )
-            self._flush()
-            if self._letters:
-                store.executemany(
-                    store.sql(upsert_sql("_jetsourcing_dead_letters", _DEAD_LETTER_TABLE)),
-                    [
-                        (gen.projection, gen.generation, d.position, d.index, _text(d.stream_id), _text(d.event_type),
-                         _text(d.event_id), _text(d.error), _text(d.traceback), d.recorded_at, d.dead_at)
-                        for d in self._letters
-                    ],
-                )
-            store.commit()
-        except BaseException as exc:
-            self._abort()
-            if isinstance(exc, Exception):
-                writer.failed(exc)  # after the rollback: its check reads outside the failed transaction
-            raise
-        self._begun = False
-        self._letters.clear()
-        writer.checkpoint = checkpoint
-        if self._raw:
-            self._raw = False
-            writer.cache.clear()
-            self._reset()
-        else:
-            self._committed()
-
-    def rollback(self) -> None:
-        self._abort()
-
-    def _abort(self) -> None:
-        if self._begun:
-            self._begun = False
-            self._store.rollback_quietly()  # a failed COMMIT may already have rolled back
-        self._reset()
-        self._letters.clear()
-        if self._raw:
-            self._raw = False
-            self._writer.cache.clear()
