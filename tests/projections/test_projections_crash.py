@@ -74,7 +74,10 @@ async def test_kill_9_at_random_points_while_20000_events_are_appended(
             position = checkpoint(settings, name)
             assert position >= checkpoint_before(checkpoints, name)
             checkpoints[name] = position
-            assert dump(settings, name) == await incremental.up_to(position), f"{name} after kill {kills}"
+            model = dump(settings, name)
+            if position == 0 and not model:
+                continue  # killed before the daemon had created the read model
+            assert model == await incremental.up_to(position), f"{name} after kill {kills}"
     await writer
     assert max(checkpoints.values()) > 0
     # A killed daemon leaves "running" behind; status calls it stale once the heartbeat is old enough.

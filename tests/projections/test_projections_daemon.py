@@ -266,13 +266,27 @@ async def test_status_watch_shows_projections_and_reactors_live_until_ctrl_c(
     assert text.returncode == 0, text.stderr
     reactor_lines = text.stdout[text.stdout.index("\nreactor"):].split("\n")
     assert reactor_lines[2].split() == ["mailer", "0", "0", "0", "0"], text.stdout
-    proc = subprocess.Popen(cli("status", "--watch", "0.2"), env={**cli_env(psettings), "COLUMNS": "100"}, cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    await asyncio.sleep(3)
-    proc.send_signal(signal.SIGINT)
-    out, err = await asyncio.to_thread(proc.communicate, timeout=15)
+    proc = await asyncio.create_subprocess_exec(
+        *cli("status", "--watch", "0.2"), cwd=ROOT,
+        env={**cli_env(psettings), "COLUMNS": "100", "TTY_COMPATIBLE": "1", "TTY_INTERACTIVE": "1"},  # a terminal's
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    assert proc.stdout is not None
+    screen = ""
+    try:
+        async with asyncio.timeout(60):  # Ctrl-C once the screen is up (not during a slow start's imports)
+            while "Ctrl-C ends" not in screen:
+                chunk = await proc.stdout.read(4096)
+                assert chunk, f"the watch ended before its first screen: {screen}"
+                screen += chunk.decode()
+        proc.send_signal(signal.SIGINT)
+        async with asyncio.timeout(15):
+            out, err = await proc.communicate()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
     assert proc.returncode == 130, err.decode()
-    screen = out.decode()
+    screen += out.decode()
     assert "account_balances" in screen and "mailer" in screen and "Ctrl-C ends" in screen, screen
 
 
