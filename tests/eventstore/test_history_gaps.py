@@ -9,7 +9,6 @@ of its back pointers).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -28,6 +27,7 @@ from eventstore import (
 )
 from eventstore.wire import Header, encode_commit, utc_now_text
 
+from tests.support.damage import damageable_store
 from tests.support.noise import noise
 from tests.support.proxy import Proxy
 
@@ -36,19 +36,11 @@ from .events import ALL, Deposited
 PATHS = ["dense", "sparse"]
 
 
-async def damageable(settings: EventStoreSettings) -> EventStore:
-    """A store on a new stream that allows deletes and purges (otherwise as ``ensure_stream`` makes it)."""
-    store = await EventStore.connect(settings, create_stream=False)
-    config = dataclasses.replace(store.stream_config(), deny_delete=False, deny_purge=False)
-    await store.nc.jetstream().add_stream(config)
-    for model in ALL:
-        store.registry.register(model)
-    return store
-
-
 @pytest.fixture
 async def store(settings: EventStoreSettings) -> AsyncIterator[EventStore]:
-    store = await damageable(settings)
+    store = await damageable_store(settings)
+    for model in ALL:
+        store.registry.register(model)
     try:
         yield store
     finally:
