@@ -18,6 +18,14 @@
   for the entity's last position (a message get, which only the leader
   answers), and reads up to it: with the walk when the replica that answers
   has it, else through an ordered consumer that waits for its replica.
+  Whatever the path, what a load returns is checked whole
+  (:mod:`.history`): versions run on from 1 (or from the snapshot's commit),
+  and each commit's back pointer and server-checked expected sequence name
+  the commit read before it. A load that finds a hole (a commit deleted, a
+  replica that answered short, a reply lost) is read again through the
+  leader's last position and an ordered consumer; a hole still there raises
+  :class:`~.errors.HistoryGapError`. A load never returns a history with a
+  hole, and never remembers one for the next append.
 * :meth:`Reader.replay` (and :meth:`Reader.read_all`, :meth:`Reader.subscribe`
   on it) replays the stream in order with
   :class:`~eventstore.jetstream.replay.OrderedReplay` over the store's bulk-read
