@@ -343,6 +343,9 @@ class Appender:
         # stream -> (version, position, back pointers of the commit at position, when known)
         self._known: OrderedDict[StreamId, tuple[int, int, tuple[int, ...] | None]] = OrderedDict()
         self._cache_size = cache_size
+        # Entities a load of this store found broken (a hole, a forged commit): appends and lookups read them
+        # whole again first, so nothing is built on them until the stream is repaired.
+        self._broken: OrderedDict[StreamId, None] = OrderedDict()
 
     # -- entity state cache -------------------------------------------------
 
@@ -360,6 +363,24 @@ class Appender:
         self._known.move_to_end(stream_id)
         if len(self._known) > self._cache_size:
             self._known.popitem(last=False)
+
+    def mark_broken(self, stream_id: StreamId) -> None:
+        """Note that a load found the entity's history broken: forget its state, and until a load from its start
+        reads it whole, let :meth:`state` and every append read it whole first (and raise while it is not)."""
+        self._known.pop(stream_id, None)
+        self._broken[stream_id] = None
+        self._broken.move_to_end(stream_id)
+        if len(self._broken) > self._cache_size:
+            self._broken.popitem(last=False)
+
+    def mark_whole(self, stream_id: StreamId) -> None:
+        """Note that a load read the entity whole from its start (undoes :meth:`mark_broken`)."""
+        self._broken.pop(stream_id, None)
+
+    async def _recheck(self, stream_id: StreamId) -> None:
+        """Raise :class:`HistoryGapError` while an entity a load found broken still is (see :meth:`mark_broken`)."""
+        if self._broken and stream_id in self._broken:
+            await self.commits(stream_id, what=f"Checking the history of {stream_id}")  # pops it when whole
 
     async def direct_get(self, payload: dict[str, object], *, what: str) -> list[Msg]:
         """One direct get batch request for the operation ``what``; returns the data messages (not the status).
@@ -394,6 +415,7 @@ class Appender:
 
     async def state(self, stream_id: StreamId) -> StreamState:
         """The entity's current version and last position, read from the server (0, 0 without events)."""
+        await self._recheck(stream_id)
         subject = stream_id.subject(self._settings.subject_prefix)
         msgs = await self.direct_get({"multi_last": [subject], "batch": 1}, what=f"Reading the version of {stream_id}")
         if not msgs:
@@ -516,6 +538,8 @@ class Appender:
         # Only a whole history is remembered: the next append must never build on one with a hole.
         check_history(stream_id, [(int((m.headers or {})[Header.SEQUENCE]), m.headers) for m in found],
                       due=1 if from_position <= 1 else None)
+        if from_position <= 1 and self._broken:
+            self.mark_whole(stream_id)
         self.remember(stream_id, commit_version(newest.headers, stream_id), position, previous)
         return found
 
@@ -565,6 +589,7 @@ class Appender:
         if expected is NO_STREAM or expected == 0:
             commit.prev_version, commit.prev_position = 0, 0
             return
+        await self._recheck(request.stream_id)
         if isinstance(expected, int) and request.expected_position is not None:
             commit.prev_version, commit.prev_position = expected, request.expected_position
             return

@@ -154,7 +154,11 @@ class Reader:
         except HistoryGapError as exc:
             log.warning("Reading %s found its history broken at position %s (%s); reading it again through the "
                         "stream's leader.", stream_id, exc.position, exc.problem)
-            events = await self._load(stream_id, from_position, from_version, None)
+            try:
+                events = await self._load(stream_id, from_position, from_version, None)
+            except HistoryGapError:
+                self._appender.mark_broken(stream_id)  # nothing is appended on it until it reads whole
+                raise
         if from_version > 1 or to_version is not None:
             high = to_version if to_version is not None else events[-1].version if events else 0
             events = [e for e in events if from_version <= e.version <= high]
@@ -216,6 +220,8 @@ class Reader:
         check_history(stream_id, [(seq, headers) for seq, headers, _ in commits], due=1 if from_position <= 1 else None)
         for seq, headers, body in commits:
             events.extend(decode_commit(stream_id, seq, headers, body, self._registry))
+        if from_position <= 1:
+            self._appender.mark_whole(stream_id)
         if commits:
             seq, headers, _ = commits[-1]
             self._appender.remember(stream_id, events[-1].version, seq, commit_previous(headers, stream_id))

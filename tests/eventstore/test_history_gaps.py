@@ -98,6 +98,25 @@ async def test_a_deleted_commit_is_a_typed_error_naming_the_missing_version(stor
 
 
 @pytest.mark.parametrize("path", PATHS)
+async def test_nothing_is_appended_on_an_entity_a_load_found_broken(store: EventStore, path: str) -> None:
+    entity, positions = await history(store, path, 6)
+    assert await store.nc.jetstream().delete_msg(store.settings.stream, positions[2])  # version 3
+    with pytest.raises(HistoryGapError):
+        await store.read(entity)
+    last = (await store.info()).last_position
+    # What this store knew of the entity (it wrote it) is forgotten: nothing builds on the broken history.
+    calls = [lambda: store.version(entity), lambda: store.append(entity, [Deposited(amount=7)], ANY),
+             lambda: store.append(entity, [Deposited(amount=7)], 6)]
+    for call in calls:
+        with pytest.raises(HistoryGapError, match=f"on {entity}"):
+            await call()
+    assert (await store.info()).last_position == last
+    # Another entity is not affected.
+    whole, _ = await history(store, "dense", 2)
+    assert (await store.append(whole, [Deposited(amount=3)], ANY)).last_version == 3
+
+
+@pytest.mark.parametrize("path", PATHS)
 async def test_a_purged_start_is_a_typed_error(store: EventStore, path: str) -> None:
     js = store.nc.jetstream()
     kept, kept_positions = await history(store, path, 6)
@@ -159,9 +178,9 @@ async def test_append_refuses_to_build_on_a_foreign_last_message(store: EventSto
     )).seq
     other = await fresh(store)
     try:
-        for call in (other.version(entity), other.append(entity, [Deposited(amount=5)], ANY)):
+        for call in (lambda: other.version(entity), lambda: other.append(entity, [Deposited(amount=5)], ANY)):
             with pytest.raises(EventDecodeError, match=f"position {foreign} on {entity}.*not written by jetsourcing"):
-                await call
+                await call()
     finally:
         await other.close()
     assert (await store.info()).last_position == foreign
