@@ -17,10 +17,10 @@ when the settings are made, so a wrong path fails at once, naming the setting.
 
 from __future__ import annotations
 
+import re
 import ssl
 from pathlib import Path
 from typing import Any, Self
-from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
@@ -222,21 +222,40 @@ def connect_options(security: ConnectionSecurity) -> dict[str, Any]:
 def check_url_credentials(url: str | None, security: ConnectionSecurity) -> None:
     """Raise :class:`ValueError` if ``url`` carries credentials and ``security`` names a way to authenticate too."""
     methods = security.authentication()
-    if url and methods and any(urlsplit(u.strip()).username for u in url.split(",")):
+    if url and methods and any(_split_userinfo(u)[1] for u in url.split(",")):
         raise ValueError(
             f"The server URL carries credentials (user:password@ or token@) and {methods[0]} is set too: "
             "give them one way only."
         )
 
 
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def _split_userinfo(url: str) -> tuple[str, str, str]:
+    """``url`` as (scheme with its ``://`` or "", the userinfo before the last ``@`` or "", the rest).
+
+    nats-py takes a URL with or without a scheme (``user:secret@host:4222``
+    is ``nats://user:secret@host:4222``); everything before the last ``@`` is
+    taken as credentials, even what a URL parser would read as a path (a
+    password holding ``/``, ``?`` or ``#``), so that no part of one is shown.
+    """
+    url = url.strip()
+    scheme = found.group(0) if (found := _SCHEME.match(url)) else ""
+    userinfo, _, rest = url[len(scheme) :].rpartition("@")
+    return scheme, userinfo, rest
+
+
 def redact_url(url: str) -> str:
-    """``url`` (one or comma-separated) with any password or token in it replaced by ``***``, for messages."""
+    """``url`` (one or comma-separated, each with or without a scheme, as nats-py takes them) with any password
+    or token in it replaced by ``***``, for messages and logs: ``user:secret@host:4222`` is shown as
+    ``user:***@host:4222``, ``nats://token@host`` as ``nats://***@host``."""
     redacted = []
     for part in url.split(","):
-        split = urlsplit(part.strip())
-        if split.username is None:
+        scheme, userinfo, rest = _split_userinfo(part)
+        if userinfo:
+            user, colon, _ = userinfo.partition(":")
+            redacted.append(f"{scheme}{user + ':***' if colon else '***'}@{rest}")
+        else:
             redacted.append(part.strip())
-            continue
-        hidden = f"{split.username}:***" if split.password is not None else "***"
-        redacted.append(split._replace(netloc=f"{hidden}@{split.netloc.rpartition('@')[2]}").geturl())
     return ",".join(redacted)
