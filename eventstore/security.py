@@ -24,7 +24,9 @@ from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
-__all__ = ["ConnectionSecurity", "check_url_credentials", "connect_options", "redact_url", "tls_context"]
+__all__ = [
+    "ConnectionSecurity", "ReplaySecurity", "check_url_credentials", "connect_options", "redact_url", "tls_context",
+]
 
 _FILES = ("nkey_seed_file", "credentials_file", "tls_ca_file", "tls_cert_file", "tls_key_file")
 
@@ -94,6 +96,20 @@ class ConnectionSecurity(BaseModel):
         """The fields that are set, as strings, secrets included: the ``jetstream`` data source's options."""
         values = self.model_dump(include=set(ConnectionSecurity.model_fields), exclude_none=True)
         return {k: v.get_secret_value() if isinstance(v, SecretStr) else str(v) for k, v in values.items()}
+
+
+class ReplaySecurity(ConnectionSecurity):
+    """:class:`ConnectionSecurity` plus the nats-py connect options that the replays' bulk-read connection honours
+    too (see :mod:`eventstore.nats_options`): a TLS context of the caller's, TLS before the server's INFO, and the
+    prefix of its reply subjects."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True, arbitrary_types_allowed=True)
+
+    tls: ssl.SSLContext | None = Field(default=None, repr=False, description="nats-py's tls=: used as given.")
+    tls_handshake_first: bool = Field(default=False, description="nats-py's tls_handshake_first=: TLS before INFO.")
+    inbox_prefix: str = Field(
+        default="_INBOX", pattern=r"^[^\s*>]+$", description="nats-py's inbox_prefix=: the replies' subject prefix."
+    )
 
 
 def _pairing_problems(security: ConnectionSecurity) -> list[str]:
@@ -169,6 +185,8 @@ def tls_context(security: ConnectionSecurity) -> ssl.SSLContext | None:
     requires it, or to a ``tls://`` URL, trusting the system store. Raises
     :class:`ValueError`, naming the setting, when a file cannot be loaded.
     """
+    if isinstance(security, ReplaySecurity) and security.tls is not None:
+        return security.tls  # the caller's own context, passed to connect() as tls=
     ca, cert, key = security.tls_ca_file, security.tls_cert_file, security.tls_key_file
     if ca is None and cert is None:
         return None
