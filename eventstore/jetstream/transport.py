@@ -30,7 +30,7 @@ from urllib.parse import unquote, urlsplit
 import nkeys
 
 from ..errors import AuthenticationError, ServerUnavailableError
-from ..security import ConnectionSecurity, ReplaySecurity, redact_url, tls_context
+from ..security import ConnectionSecurity, redact_url, tls_context
 
 __all__ = ["BulkConnection", "Raw", "Receiver", "Run"]
 
@@ -121,8 +121,7 @@ class BulkConnection(asyncio.Protocol):
         self._pongs: list[asyncio.Future[None]] = []
         self._lost: Exception | None = None
         self._lost_cause: Exception | None = None
-        prefix = security.inbox_prefix if isinstance(security, ReplaySecurity) else "_INBOX"  # nats-py's inbox_prefix
-        self._inbox = f"{prefix}." + secrets.token_hex(11)
+        self._inbox = f"{getattr(security, 'inbox_prefix', '_INBOX')}." + secrets.token_hex(11)  # ReplaySecurity's
         self._replies = _Replies(f"{self._inbox}.".encode())
         self._requests = 0
         self.url = ""
@@ -168,9 +167,16 @@ class BulkConnection(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         await loop.create_connection(lambda: self, host, port)
         context = tls_context(self._security)
-        first = isinstance(self._security, ReplaySecurity) and self._security.tls_handshake_first
-        if first:  # nats-py's tls_handshake_first: TLS at once, the server's INFO comes over it
-            await self._start_tls(context, host)
+        first = bool(getattr(self._security, "tls_handshake_first", False))  # ReplaySecurity's (nats-py's option)
+        if first:  # TLS at once: the server sends its INFO over it
+            hostname = self._security.tls_hostname or host
+            assert self._transport is not None
+            try:
+                self._transport = await loop.start_tls(
+                    self._transport, self, context or ssl.create_default_context(), server_hostname=hostname
+                )
+            except ssl.SSLError as exc:
+                raise AuthenticationError(f"Could not connect to NATS at {self.url}: the TLS handshake failed ({exc}).") from exc
         info = json.loads((await self._line(b"INFO "))[5:])
         wants_tls = parts.scheme == "tls" or context is not None
         if wants_tls and not info.get("tls_required") and not first:
@@ -179,7 +185,13 @@ class BulkConnection(asyncio.Protocol):
                 "tls_* settings ask for it, so nothing was sent to it. Enable TLS on the server, or check the URL."
             )
         if info.get("tls_required") and not first:
-            await self._start_tls(context, host)
+            context = context or ssl.create_default_context()
+            hostname = self._security.tls_hostname or host
+            assert self._transport is not None
+            try:
+                self._transport = await loop.start_tls(self._transport, self, context, server_hostname=hostname)
+            except ssl.SSLError as exc:
+                raise AuthenticationError(f"Could not connect to NATS at {self.url}: the TLS handshake failed ({exc}).") from exc
         connect = self._connect_options(info, parts.username, parts.password)
         self._write(b"CONNECT " + json.dumps(connect).encode() + b"\r\nPING\r\n")
         answer = await self._line(b"PONG", b"-ERR")
@@ -195,17 +207,6 @@ class BulkConnection(asyncio.Protocol):
         if self._buf:  # messages right behind the PONG
             self.data_received(b"")
         self.subscribe_inbox()
-
-    async def _start_tls(self, context: ssl.SSLContext | None, host: str) -> None:
-        context = context or ssl.create_default_context()
-        hostname = self._security.tls_hostname or host
-        assert self._transport is not None
-        try:
-            self._transport = await asyncio.get_running_loop().start_tls(
-                self._transport, self, context, server_hostname=hostname
-            )
-        except ssl.SSLError as exc:
-            raise AuthenticationError(f"Could not connect to NATS at {self.url}: the TLS handshake failed ({exc}).") from exc
 
     def _connect_options(self, info: dict[str, object], user: str | None, password: str | None) -> dict[str, object]:
         options: dict[str, object] = {
