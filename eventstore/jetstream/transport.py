@@ -455,11 +455,14 @@ def _size(token: bytes) -> int:
 def _message_line(view: bytes, pos: int, eol: int, headered: bool) -> tuple[bytes, bytes, bytes | None, int, int, int]:
     """The parts of the ``[H]MSG`` line at ``view[pos:eol]``: subject, sid, reply (or None), where the header block,
     the body and the message's end are. Raises ValueError for anything nats-server does not send, as the native
-    scanner refuses it: a CR without LF, another count of fields separated by single spaces, a size that is not a
-    decimal count (``MSG a 9 -40`` would send framing backwards) or a header block past the total."""
+    scanner refuses it: a CR without LF, another count of fields, a size that is not a decimal count (``MSG a 9 -40``
+    would send framing backwards) or a header block past the total."""
     if view[eol + 1] != 10:
         raise ValueError(view[pos:eol])
-    parts = view[pos + 4 + headered : eol].split(b" ")
+    # Runs of spaces are one separator, as for nats-py, but the subject is what precedes the first space, as for the
+    # scanner: "HMSG  1 ..." has an empty subject for both (not the subject "1").
+    subject, *rest = view[pos + 4 + headered : eol].split(b" ")
+    parts = [subject, *(part for part in rest if part)]
     if not 3 + headered <= len(parts) <= 4 + headered:
         raise ValueError(view[pos:eol])
     start = eol + 2
