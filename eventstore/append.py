@@ -54,12 +54,14 @@ from typing import Final, Literal
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
+from nats.errors import ConnectionClosedError
 from nats.errors import Error as NatsError
 from pydantic import BaseModel
 
 from .errors import (
     ConcurrencyError,
     EventDecodeError,
+    EventStoreClosedError,
     EventStoreError,
     EventTooLargeError,
     InvalidArgumentError,
@@ -67,6 +69,7 @@ from .errors import (
     ServerUnavailableError,
     StorageError,
     StreamConfigError,
+    store_closed,
 )
 from .events import ANY, NO_STREAM, AppendResult, ExpectedVersion, StreamState
 from .jetstream.inbox import Inbox
@@ -637,6 +640,10 @@ class Appender:
                     commits[-1].subject, encoded[-1][1], self._settings.request_timeout_s, headers=encoded[-1][0],
                     what=f"Appending to {commits[-1].request.stream_id}",
                 )
+            except (ConnectionClosedError, EventStoreClosedError) as exc:
+                # Closed: waiting cannot help, and nothing more may be sent (nor the storage probed).
+                what = f"Appending to {commits[-1].request.stream_id}"
+                raise EventStoreClosedError(f"{store_closed(what, exc)} {_what_was_stored(unanswered > 0)}") from exc
             except (NatsError, ServerUnavailableError) as exc:
                 unanswered += 1
                 if unanswered < attempts:

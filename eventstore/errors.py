@@ -15,6 +15,7 @@ what was wrong and what to do about it::
     │   ├── AuthenticationError   the server rejected the credentials, or TLS failed: retrying cannot help
     │   └── StorageError          the server answers but cannot store: its storage is full, at its limit or failing
     ├── StreamConfigError         the stream exists with settings unfit for an event store
+    ├── EventStoreClosedError     the event store was closed: a call in flight or made later ends at once
     └── ImportPathError           user code named as ``module:attr`` cannot be imported (also ImportError)
 
 Backend errors (nats-py exceptions, JetStream ``err_code`` values) are turned
@@ -40,6 +41,7 @@ __all__ = [
     "AuthenticationError",
     "ConcurrencyError",
     "EventDecodeError",
+    "EventStoreClosedError",
     "EventStoreError",
     "EventTooLargeError",
     "ImportPathError",
@@ -53,6 +55,7 @@ __all__ = [
     "map_nats_error",
     "not_now_answer",
     "server_unavailable",
+    "store_closed",
 ]
 
 
@@ -135,6 +138,29 @@ class StorageError(ServerUnavailableError):
     """
 
 
+class EventStoreClosedError(EventStoreError):
+    """The event store was closed: the call ends at once, whether it was waiting for the server or made later.
+
+    Not a :class:`ServerUnavailableError`: waiting cannot bring a closed store
+    back, so the outage policy (retries, ``outage_limit_s``) never applies to
+    it. Connect a new :class:`~eventstore.EventStore` to go on.
+    """
+
+
+def store_closed(what: str, exc: BaseException | None = None) -> EventStoreClosedError:
+    """The :class:`EventStoreClosedError` for the operation ``what`` ("Reading Account/42"); ``exc``, when given, is
+    nats-py's error for its closed connection (closed with the store, or after an outage outlasted its limit)."""
+    if isinstance(exc, ConnectionClosedError):
+        return EventStoreClosedError(
+            f"{what}: the connection to NATS is closed (the event store was closed, or an outage outlasted "
+            "outage_limit_s). Connect a new EventStore."
+        )
+    return EventStoreClosedError(
+        f"{what}: the event store was closed, which ends every call in flight and refuses new ones. "
+        "Connect a new EventStore, or close it only after its work is done."
+    )
+
+
 class StreamConfigError(EventStoreError):
     """The JetStream stream exists with settings that are unsafe or incompatible for an event store."""
 
@@ -151,8 +177,6 @@ def server_unavailable(what: str, timeout_s: float, exc: BaseException) -> Serve
             f"the NATS server did not answer within {timeout_s}s. Check that it is running and reachable, "
             "or raise request_timeout_s"
         )
-    elif isinstance(exc, ConnectionClosedError):
-        why = "the connection to NATS is closed (the event store was closed). Connect a new EventStore"
     elif isinstance(exc, (NoRespondersError, ServiceUnavailableError)):
         why = (
             "JetStream did not answer (no responders). Check that the server runs with JetStream enabled (-js) "
@@ -181,7 +205,8 @@ def map_nats_error(what: str, timeout_s: float) -> Iterator[None]:
     JetStream's "not now" answers (an election: :func:`not_now_answer`) are
     that too. Its other answers (:class:`nats.js.errors.APIError`, e.g. "stream
     not found") are not about the server being unavailable and pass through, as
-    do this package's own errors.
+    do this package's own errors. A closed connection is
+    :class:`EventStoreClosedError` (waiting cannot help).
     """
     try:
         yield
@@ -195,5 +220,7 @@ def map_nats_error(what: str, timeout_s: float) -> Iterator[None]:
         if isinstance(exc, ServiceUnavailableError):
             raise server_unavailable(what, timeout_s, exc) from exc
         raise
+    except ConnectionClosedError as exc:
+        raise store_closed(what, exc) from exc
     except (NatsError, asyncio.TimeoutError) as exc:
         raise server_unavailable(what, timeout_s, exc) from exc

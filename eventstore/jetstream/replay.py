@@ -40,7 +40,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeAlias
 
-from ..errors import ServerUnavailableError, StreamConfigError, server_unavailable
+from ..errors import EventStoreClosedError, ServerUnavailableError, StreamConfigError, server_unavailable, store_closed
 from ..wire import Header
 from .api import API_PREFIX, ErrorCode, Subjects
 from .transport import BulkConnection, Raw
@@ -409,6 +409,8 @@ class OrderedReplay:
                             self._resumed()
                         if not ready and self._live and time.monotonic() - self._last_data > self._stall_s:
                             self._reset = await self._stalled()
+        except EventStoreClosedError as exc:  # never retried: said in terms of this read
+            raise store_closed(self._what) from exc
         finally:
             self.close()
 

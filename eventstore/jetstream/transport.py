@@ -29,7 +29,7 @@ from urllib.parse import unquote, urlsplit
 
 import nkeys
 
-from ..errors import AuthenticationError, ServerUnavailableError
+from ..errors import AuthenticationError, EventStoreClosedError, ServerUnavailableError
 from ..security import ConnectionSecurity, redact_url, tls_context
 
 __all__ = ["BulkConnection", "Raw", "Receiver", "Run"]
@@ -428,8 +428,21 @@ class BulkConnection(asyncio.Protocol):
         async with asyncio.timeout(timeout_s):
             await future
 
-    def close(self) -> None:
-        """Close the connection at once (nothing sent is waited for)."""
+    def close(self, error: Exception | None = None) -> None:
+        """Close the connection at once (nothing sent is waited for).
+
+        With ``error``, everything waiting on the connection (requests, flushes,
+        subscriptions) fails with it now, not when the transport reports the
+        socket closed, and so does every later use.
+        """
+        if error is not None:
+            self._lost = error
+            for receiver in list(self._subs.values()):
+                receiver.lost(error)
+            for future in self._pongs:
+                if not future.done():
+                    future.set_exception(error)
+            self._pongs.clear()
         if self._transport is not None:
             with contextlib.suppress(Exception):
                 self._transport.close()
@@ -463,7 +476,7 @@ class SharedConnection:
         """The open connection (opening one within ``deadline_s``, or raising as :meth:`BulkConnection.open`)."""
         async with self._lock:
             if self._closed:
-                raise ServerUnavailableError("The event store is closed: its replays ended.")
+                raise _closed()
             if self._conn is None or self._conn.closed:
                 self._conn = await BulkConnection.open(
                     self._servers(), self._security, deadline_s=self._deadline_s, name=self._name
@@ -471,7 +484,14 @@ class SharedConnection:
             return self._conn
 
     def close(self) -> None:
-        """Close the connection; replays still running end with :class:`ServerUnavailableError`."""
+        """Close the connection; replays and requests still running end at once, and every later :meth:`get`,
+        with :class:`~eventstore.EventStoreClosedError`."""
         self._closed = True
         if self._conn is not None:
-            self._conn.close()
+            self._conn.close(_closed())
+
+
+def _closed() -> EventStoreClosedError:
+    return EventStoreClosedError(
+        "The event store was closed: its replays ended. Connect a new EventStore to read again."
+    )

@@ -1,0 +1,72 @@
+"""The store's connections when a server goes silent (a blackholed network: sockets open, every byte dropped),
+when the store closes under calls in flight, and when opens fail: every call ends in time with a typed error,
+and nothing is left behind."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any
+
+import pytest
+
+from eventstore import EventStore, EventStoreClosedError, EventStoreSettings, NO_STREAM, StreamId
+from tests.conftest import unique_settings
+from tests.support.proxy import Proxy
+
+from .events import ALL, Deposited
+
+
+async def _connect(settings: EventStoreSettings) -> EventStore:
+    store = await EventStore.connect(settings)
+    for model in ALL:
+        store.registry.register(model)
+    return store
+
+
+async def _first(batches: AsyncIterator[Any]) -> Any:
+    async for batch in batches:
+        return batch
+    return None
+
+
+async def _ends_within(call: Awaitable[Any], seconds: float) -> BaseException | None:
+    """The error ``call`` ends with (None when it returns), asserting it ends within ``seconds``."""
+    started = time.monotonic()
+    try:
+        await call
+    except BaseException as exc:  # noqa: BLE001 - the error is the result
+        return exc
+    finally:
+        assert time.monotonic() - started < seconds, f"took {time.monotonic() - started:.1f}s"
+    return None
+
+
+async def test_close_ends_every_request_in_flight_at_once_with_a_typed_error(nats_url: str) -> None:
+    async with Proxy(nats_url) as proxy:
+        store = await _connect(unique_settings(proxy.url, request_timeout_s=3.0))
+        account = StreamId("Account", "a-1")
+        await store.append(account, [Deposited(amount=1)], expected_version=NO_STREAM)
+        assert await _first(store.read_all())  # the bulk-read connection is open
+        proxy.silence()
+        loop = asyncio.get_running_loop()
+        calls = {
+            "read": loop.create_task(store.read(account)),  # a direct get on the store's own connection
+            "append": loop.create_task(store.append(account, [Deposited(amount=2)], expected_version=1)),
+            "read_all": loop.create_task(_first(store.read_all(to_position=1))),  # a request on the bulk one
+            "subscribe": loop.create_task(_first(store.subscribe(from_position=2))),
+        }
+        await asyncio.sleep(0.5)
+        assert not any(task.done() for task in calls.values())
+        closing = loop.create_task(store.close())
+        started = time.monotonic()
+        done, _ = await asyncio.wait(calls.values(), timeout=1.0)
+        assert set(done) == set(calls.values()), f"still waiting after close: {[n for n, t in calls.items() if not t.done()]}"
+        for name, task in calls.items():
+            assert isinstance(task.exception(), EventStoreClosedError), (name, task.exception())
+        assert time.monotonic() - started < 1.0
+        async with asyncio.timeout(10):
+            await closing
+        # And a call after close fails the same way, at once.
+        assert isinstance(await _ends_within(store.read(account), 1.0), EventStoreClosedError)
