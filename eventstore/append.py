@@ -69,6 +69,7 @@ from .errors import (
     ServerUnavailableError,
     StorageError,
     StreamConfigError,
+    server_unavailable,
     store_closed,
 )
 from .events import ANY, NO_STREAM, AppendResult, ExpectedVersion, StreamState
@@ -641,9 +642,13 @@ class Appender:
                     what=f"Appending to {commits[-1].request.stream_id}",
                 )
             except (ConnectionClosedError, EventStoreClosedError) as exc:
-                # Closed: waiting cannot help, and nothing more may be sent (nor the storage probed).
+                # Closed (by the store, or for good after an outage): waiting cannot help, nothing more may be sent.
                 what = f"Appending to {commits[-1].request.stream_id}"
-                raise EventStoreClosedError(f"{store_closed(what, exc)} {_what_was_stored(unanswered > 0)}") from exc
+                if self._inbox.closed:
+                    raise EventStoreClosedError(f"{store_closed(what)} {_what_was_stored(unanswered > 0)}") from exc
+                raise ServerUnavailableError(
+                    f"{server_unavailable(what, self._settings.request_timeout_s, exc)} {_what_was_stored(unanswered > 0)}"
+                ) from exc
             except (NatsError, ServerUnavailableError) as exc:
                 unanswered += 1
                 if unanswered < attempts:

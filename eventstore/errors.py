@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from nats.errors import ConnectionClosedError, NoRespondersError
@@ -147,14 +147,8 @@ class EventStoreClosedError(EventStoreError):
     """
 
 
-def store_closed(what: str, exc: BaseException | None = None) -> EventStoreClosedError:
-    """The :class:`EventStoreClosedError` for the operation ``what`` ("Reading Account/42"); ``exc``, when given, is
-    nats-py's error for its closed connection (closed with the store, or after an outage outlasted its limit)."""
-    if isinstance(exc, ConnectionClosedError):
-        return EventStoreClosedError(
-            f"{what}: the connection to NATS is closed (the event store was closed, or an outage outlasted "
-            "outage_limit_s). Connect a new EventStore."
-        )
+def store_closed(what: str) -> EventStoreClosedError:
+    """The :class:`EventStoreClosedError` for the operation ``what`` ("Reading Account/42")."""
     return EventStoreClosedError(
         f"{what}: the event store was closed, which ends every call in flight and refuses new ones. "
         "Connect a new EventStore, or close it only after its work is done."
@@ -182,6 +176,9 @@ def server_unavailable(what: str, timeout_s: float, exc: BaseException) -> Serve
             "JetStream did not answer (no responders). Check that the server runs with JetStream enabled (-js) "
             "and that the stream's servers are up"
         )
+    elif isinstance(exc, ConnectionClosedError):
+        why = ("the connection to NATS is closed for good (an outage outlasted outage_limit_s, or its owner closed "
+               "it). Connect a new EventStore")
     else:
         why = f"the NATS server cannot be reached ({exc or type(exc).__name__}). Check that it is running and reachable"
     return ServerUnavailableError(f"{what}: {why}.")
@@ -197,7 +194,7 @@ def not_now_answer(what: str, description: object, err_code: object) -> ServerUn
 
 
 @contextlib.contextmanager
-def map_nats_error(what: str, timeout_s: float) -> Iterator[None]:
+def map_nats_error(what: str, timeout_s: float, *, closed: Callable[[], bool] | None = None) -> Iterator[None]:
     """Raise :func:`server_unavailable`'s error for a lost or silent server's errors inside the block.
 
     The one boundary between nats-py's connection errors (timeouts, a closed or
@@ -206,7 +203,8 @@ def map_nats_error(what: str, timeout_s: float) -> Iterator[None]:
     that too. Its other answers (:class:`nats.js.errors.APIError`, e.g. "stream
     not found") are not about the server being unavailable and pass through, as
     do this package's own errors. A closed connection is
-    :class:`EventStoreClosedError` (waiting cannot help).
+    :class:`EventStoreClosedError` when ``closed()`` says the store closed it,
+    else (an outage outlasted ``outage_limit_s``) :class:`ServerUnavailableError`.
     """
     try:
         yield
@@ -221,6 +219,8 @@ def map_nats_error(what: str, timeout_s: float) -> Iterator[None]:
             raise server_unavailable(what, timeout_s, exc) from exc
         raise
     except ConnectionClosedError as exc:
-        raise store_closed(what, exc) from exc
+        if closed is not None and closed():
+            raise store_closed(what) from exc
+        raise server_unavailable(what, timeout_s, exc) from exc
     except (NatsError, asyncio.TimeoutError) as exc:
         raise server_unavailable(what, timeout_s, exc) from exc

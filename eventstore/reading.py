@@ -138,7 +138,7 @@ class Reader:
             # up to the leader's position instead (it waits for its own replica to catch up).
             timeout_s = self._settings.request_timeout_s
             try:
-                with map_nats_error(f"Reading {stream_id}", timeout_s):
+                with map_nats_error(f"Reading {stream_id}", timeout_s, closed=self._replays.is_closed):
                     newest = await self._nc.jetstream(timeout=timeout_s).get_last_msg(self._settings.stream, subject)
             except NotFoundError:
                 return []
@@ -335,7 +335,7 @@ class Reader:
         timeout_s = self._settings.request_timeout_s
         stream = self._settings.stream
         js = self._nc.jetstream(timeout=timeout_s)
-        with map_nats_error(f"Reading the last position of stream {stream!r}", timeout_s):
+        with map_nats_error(f"Reading the last position of stream {stream!r}", timeout_s, closed=self._replays.is_closed):
             for _ in range(2):
                 try:
                     return int((await js.get_last_msg(stream, ">")).seq or 0)

@@ -704,7 +704,7 @@ class EventStore:
         """The stream's last position, commit count and size."""
         timeout_s = self.settings.request_timeout_s
         try:
-            with map_nats_error(f"Reading the state of stream {self.settings.stream!r}", timeout_s):
+            with map_nats_error(f"Reading the state of stream {self.settings.stream!r}", timeout_s, closed=self._replays.is_closed):
                 state = (await self.nc.jetstream(timeout=timeout_s).stream_info(self.settings.stream)).state
         except NotFoundError as exc:
             raise StreamConfigError(
@@ -763,7 +763,7 @@ class EventStore:
 
     async def _subject_counts(self, pattern: str, what: str) -> list[tuple[str, int]]:
         timeout_s = self.settings.request_timeout_s
-        with map_nats_error(what, timeout_s):
+        with map_nats_error(what, timeout_s, closed=self._replays.is_closed):
             info = await self.nc.jetstream(timeout=timeout_s).stream_info(
                 self.settings.stream, subjects_filter=f"{self.settings.subject_prefix}.{pattern}"
             )

@@ -30,13 +30,6 @@ __all__ = ["Inbox", "TRANSIENT_API_ERRORS"]
 
 
 
-def _failed(what: str, timeout_s: float, exc: BaseException) -> EventStoreError:
-    """The error of a request that failed with nats-py's ``exc`` (a closed connection: waiting cannot help)."""
-    if isinstance(exc, ConnectionClosedError):
-        return store_closed(what, exc)
-    return server_unavailable(what, timeout_s, exc)
-
-
 class Inbox:
     """Sends requests on one connection and routes their replies back."""
 
@@ -51,6 +44,17 @@ class Inbox:
         self._counter = 0
         self._lock = asyncio.Lock()
         self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` ran (the store was closed)."""
+        return self._closed
+
+    def _failed(self, what: str, timeout_s: float, exc: BaseException) -> EventStoreError:
+        """The error of a request that failed with nats-py's ``exc``: a closed store's, or an unavailable server's."""
+        if self._closed and isinstance(exc, ConnectionClosedError):
+            return store_closed(what)
+        return server_unavailable(what, timeout_s, exc)
 
     async def _ensure_subscribed(self) -> None:
         if self._sub is None:
@@ -96,7 +100,7 @@ class Inbox:
         try:
             await self._ensure_subscribed()
         except NatsError as exc:  # the connection is closed
-            raise _failed(what, timeout_s, exc) from exc
+            raise self._failed(what, timeout_s, exc) from exc
         self._counter += 1
         token = str(self._counter)
         loop = asyncio.get_running_loop()
@@ -110,7 +114,7 @@ class Inbox:
         except EventStoreClosedError:
             raise store_closed(what) from None
         except (asyncio.TimeoutError, NatsError) as exc:
-            raise _failed(what, timeout_s, exc) from exc
+            raise self._failed(what, timeout_s, exc) from exc
         finally:
             del self._pending[token]
 
@@ -171,7 +175,7 @@ class Inbox:
         try:
             await self._ensure_subscribed()
         except NatsError as exc:
-            raise _failed(what, timeout_s, exc) from exc
+            raise self._failed(what, timeout_s, exc) from exc
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         tokens: list[str] = []
@@ -190,7 +194,7 @@ class Inbox:
         except EventStoreClosedError:
             raise store_closed(what) from None
         except (asyncio.TimeoutError, NatsError) as exc:
-            raise _failed(what, timeout_s, exc) from exc
+            raise self._failed(what, timeout_s, exc) from exc
         finally:
             for token, future in zip(tokens, futures):
                 del self._pending[token]

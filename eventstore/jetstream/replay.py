@@ -562,7 +562,7 @@ class OrderedReplay:
 
     async def _connection(self, deadline: float | None) -> BulkConnection:
         """The open connection, subscribed; a new one when it was lost."""
-        if self._conn is not None and not self._conn.closed:
+        if self._conn is not None and not self._conn.closed and not self._conn.suspect:
             return self._conn
         self._drop_subscription()
         delay = 0.05

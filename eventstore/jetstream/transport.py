@@ -41,6 +41,7 @@ Run = object
 """What a receiver's scanner returns for a run of messages it framed (the receiver's own type)."""
 
 _MAX_CONTROL_LINE = 4096
+_CHECK_S = 1.0  # how long a suspect connection has to answer a PING (a healthy one answers in milliseconds)
 
 
 class Receiver(Protocol):
@@ -124,6 +125,10 @@ class BulkConnection(asyncio.Protocol):
         self._inbox = "_INBOX." + secrets.token_hex(11)
         self._replies = _Replies(f"{self._inbox}.".encode())
         self._requests = 0
+        self._reads = 0  # socket reads so far: a request that times out with none since it was sent is suspect
+        self.suspect = False
+        """A request went unanswered while nothing at all arrived: the connection may be half-open (a lost host,
+        a partition); :class:`SharedConnection` checks it with a PING before handing it out again."""
         self.url = ""
 
     # -- opening -------------------------------------------------------------------------------------------------
@@ -260,6 +265,7 @@ class BulkConnection(asyncio.Protocol):
         self._lines.put_nowait(b"")  # ends a handshake waiting for a line
 
     def data_received(self, data: bytes) -> None:
+        self._reads += 1
         if self._handshaking:
             self._buf += data
             while (eol := self._buf.find(b"\r\n")) >= 0 and self._handshaking:
@@ -408,8 +414,10 @@ class BulkConnection(asyncio.Protocol):
         self._write(head.encode() + payload + b"\r\n")
 
     async def request(self, subject: str, payload: bytes, timeout_s: float) -> Raw:
-        """Send a request and wait for its reply, at most ``timeout_s`` (:class:`TimeoutError`)."""
+        """Send a request and wait for its reply, at most ``timeout_s`` (:class:`TimeoutError`; the connection is
+        then :attr:`suspect` if nothing at all arrived meanwhile)."""
         self._requests += 1
+        reads = self._reads
         token = f"r.{self._requests}"
         future: asyncio.Future[Raw] = asyncio.get_running_loop().create_future()
         self._replies.waiting[token.encode()] = future
@@ -417,6 +425,10 @@ class BulkConnection(asyncio.Protocol):
             self.publish(subject, payload, f"{self._inbox}.{token}")
             async with asyncio.timeout(timeout_s):
                 return await future
+        except TimeoutError:
+            if self._reads == reads:
+                self.suspect = True
+            raise
         finally:
             self._replies.waiting.pop(token.encode(), None)
 
@@ -477,11 +489,30 @@ class SharedConnection:
         async with self._lock:
             if self._closed:
                 raise _closed()
+            if self._conn is not None and not self._conn.closed and self._conn.suspect:
+                await self._check(self._conn)
             if self._conn is None or self._conn.closed:
                 self._conn = await BulkConnection.open(
                     self._servers(), self._security, deadline_s=self._deadline_s, name=self._name
                 )
             return self._conn
+
+    def is_closed(self) -> bool:
+        """Whether :meth:`close` ran (the event store was closed)."""
+        return self._closed
+
+    async def _check(self, conn: BulkConnection) -> None:
+        """Keep ``conn`` if it answers a PING promptly; else close it, failing what waits on it (they go on on a new
+        connection), so a half-open connection is never handed out again."""
+        timeout_s = min(self._deadline_s, _CHECK_S)
+        try:
+            await conn.flush(timeout_s)
+            conn.suspect = False
+        except (TimeoutError, ServerUnavailableError):
+            conn.close(ServerUnavailableError(
+                f"The replay connection to NATS at {conn.url} is dead: a request and a PING went unanswered for "
+                f"{timeout_s}s (a lost host or a partition). Replays go on on a new connection."
+            ))
 
     def close(self) -> None:
         """Close the connection; replays and requests still running end at once, and every later :meth:`get`,

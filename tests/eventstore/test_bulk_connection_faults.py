@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from eventstore import EventStore, EventStoreClosedError, EventStoreSettings, NO_STREAM, StreamId
+from eventstore import NO_STREAM, EventStore, EventStoreClosedError, EventStoreSettings, ServerUnavailableError, StreamId
 from tests.conftest import unique_settings
 from tests.support.proxy import Proxy
 
@@ -70,3 +70,43 @@ async def test_close_ends_every_request_in_flight_at_once_with_a_typed_error(nat
             await closing
         # And a call after close fails the same way, at once.
         assert isinstance(await _ends_within(store.read(account), 1.0), EventStoreClosedError)
+
+
+async def test_a_closed_store_ends_live_and_bounded_replays_at_once(settings: EventStoreSettings) -> None:
+    store = await _connect(settings)
+    await store.append(StreamId("Account", "a-1"), [Deposited(amount=1)], expected_version=NO_STREAM)
+    await store.close()
+    calls = {
+        "subscribe": _first(store.subscribe()),
+        "live replay": _first(store.replay(live=True)),
+        "read_all": _first(store.read_all(to_position=1)),
+    }
+    for name, call in calls.items():
+        async with asyncio.timeout(10):  # the old code retried a closed store for ever
+            error = await _ends_within(call, 0.5)
+        assert isinstance(error, EventStoreClosedError), (name, error)
+        assert "Reading" in str(error), error  # names the read
+
+
+async def test_a_half_open_replay_connection_is_not_handed_out_again(nats_url: str) -> None:
+    async with Proxy(nats_url) as proxy:
+        store = await _connect(unique_settings(proxy.url, request_timeout_s=1.0))
+        try:
+            await store.append(StreamId("Account", "a-1"), [Deposited(amount=1)], expected_version=NO_STREAM)
+            assert await _first(store.read_all(to_position=1))
+            opened = proxy.connections
+            proxy.blackhole()  # the replay connection (and the store's own) now lead nowhere, without a reset
+            outcomes: list[str] = []
+            for _ in range(4):
+                try:
+                    async with asyncio.timeout(10):
+                        batch = await _first(store.read_all(to_position=1))
+                    outcomes.append("read" if batch else "empty")
+                except ServerUnavailableError:
+                    outcomes.append("failed")
+            # The read that finds the connection dead may fail; no later read is handed that connection.
+            assert outcomes[1:] == ["read"] * 3, outcomes
+            assert proxy.connections == opened + 1
+        finally:
+            async with asyncio.timeout(10):
+                await store.close()
