@@ -151,12 +151,14 @@ class BulkConnection(asyncio.Protocol):
                     try:
                         await self._connect(url)
                         return self
-                    except AuthenticationError:
-                        self.close()
-                        raise
                     except (OSError, ServerUnavailableError, ValueError) as exc:
                         self.close()
+                        if isinstance(exc, AuthenticationError):
+                            raise
                         last = exc
+                    except BaseException:  # the deadline, or the caller cancelled: nothing of the try stays open
+                        self.close()
+                        raise
         except TimeoutError as exc:
             last = last or exc
         where = redact_url(",".join(servers))
@@ -457,7 +459,7 @@ class BulkConnection(asyncio.Protocol):
             self._pongs.clear()
         if self._transport is not None:
             with contextlib.suppress(Exception):
-                self._transport.close()
+                self._transport.abort()  # close() would wait to send what is buffered, for ever on a silent peer
 
 
 def _needed(buf: bytearray) -> int:
@@ -492,9 +494,13 @@ class SharedConnection:
             if self._conn is not None and not self._conn.closed and self._conn.suspect:
                 await self._check(self._conn)
             if self._conn is None or self._conn.closed:
-                self._conn = await BulkConnection.open(
+                conn = await BulkConnection.open(
                     self._servers(), self._security, deadline_s=self._deadline_s, name=self._name
                 )
+                if self._closed:  # close() ran while it opened
+                    conn.close()
+                    raise _closed()
+                self._conn = conn
             return self._conn
 
     def is_closed(self) -> bool:

@@ -5,15 +5,28 @@ and nothing is left behind."""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 import pytest
 
-from eventstore import NO_STREAM, EventStore, EventStoreClosedError, EventStoreSettings, ServerUnavailableError, StreamId
+from eventstore import (
+    NO_STREAM,
+    ConnectionSecurity,
+    EventStore,
+    EventStoreClosedError,
+    EventStoreSettings,
+    ServerUnavailableError,
+    StreamId,
+    stop_task,
+)
+from eventstore.jetstream import BulkConnection
+from eventstore.jetstream.replay import OrderedReplay
+from eventstore.jetstream.transport import SharedConnection
 from tests.conftest import unique_settings
-from tests.support.proxy import Proxy
+from tests.support.proxy import Proxy, SilentServer
 
 from .events import ALL, Deposited
 
@@ -110,3 +123,57 @@ async def test_a_half_open_replay_connection_is_not_handed_out_again(nats_url: s
         finally:
             async with asyncio.timeout(10):
                 await store.close()
+
+
+def _descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def test_failed_and_cancelled_opens_leave_no_descriptor() -> None:
+    async with SilentServer() as silent:  # accepts, says nothing (each connection is one descriptor of its own here)
+        before = _descriptors()
+        for _ in range(10):
+            with pytest.raises(ServerUnavailableError):
+                await BulkConnection.open([silent.url], ConnectionSecurity(), deadline_s=0.1)
+        for _ in range(10):
+            opening = asyncio.ensure_future(BulkConnection.open([silent.url], ConnectionSecurity(), deadline_s=5))
+            await asyncio.sleep(0.05)
+            opening.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await opening
+        await asyncio.sleep(0.1)
+        assert silent.connections == 20
+        assert _descriptors() - before == silent.connections  # the server's ends only
+
+
+async def test_live_replay_retries_leave_no_descriptor() -> None:
+    async with SilentServer() as silent:
+        shared = SharedConnection(lambda: [silent.url], ConnectionSecurity(), 0.2, "test")
+        replay = OrderedReplay(shared.get, "EVENTS", live=True, api_timeout_s=0.2)
+        before = _descriptors()
+        reading = asyncio.ensure_future(_first(replay.batches()))
+        await asyncio.sleep(3)  # a retry every 0.2 s to 1.2 s
+        await stop_task(reading, timeout_s=5)
+        shared.close()
+        await asyncio.sleep(0.1)
+        assert silent.connections >= 4
+        assert _descriptors() - before == silent.connections
+
+
+async def test_a_close_during_an_open_leaves_no_connection(nats_url: str) -> None:
+    async with Proxy(nats_url) as proxy:
+        proxy.delay(0.3)  # an open takes a few round trips: about a second
+        shared = SharedConnection(lambda: [proxy.url], ConnectionSecurity(), 10.0, "test")
+        opening = asyncio.ensure_future(shared.get())
+        await asyncio.sleep(0.5)
+        assert not opening.done()
+        shared.close()
+        async with asyncio.timeout(10):
+            with pytest.raises(EventStoreClosedError):
+                await opening
+        proxy.delay(0.0)
+        for _ in range(50):  # the proxy sees the client's end closed
+            if not proxy.open_connections:
+                break
+            await asyncio.sleep(0.1)
+        assert proxy.connections == 1 and proxy.open_connections == 0

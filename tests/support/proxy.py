@@ -66,7 +66,7 @@ class Proxy:
         self.dropped = 0
         self.reply_loss = 0.0
         self.silent = False
-        self._holes: list[list[bool]] = []  # per connection: [black-holed]
+        self._holes: list[list[bool]] = []  # per connection: [black-holed, the client's end open]
         self.latency_s = 0.0
         self.jitter_s = 0.0
         self.loss = 0.0
@@ -111,6 +111,11 @@ class Proxy:
         """How many connections the proxy has accepted so far."""
         return len(self._holes)
 
+    @property
+    def open_connections(self) -> int:
+        """How many of them the client has not closed."""
+        return sum(1 for hole in self._holes if hole[1])
+
     async def down(self) -> None:
         """Close every connection and refuse new ones (a stopped server)."""
         if self._server is not None:
@@ -146,7 +151,7 @@ class Proxy:
         self._writers.update((client_w, server_w))
         ends = (client_w, server_w)
         to_server, to_client = _Link(self, server_w, ends), _Link(self, client_w, ends)
-        hole = [False]
+        hole = [False, True]
         self._holes.append(hole)
         self._spawn(to_server.run())
         self._spawn(to_client.run())
@@ -173,6 +178,7 @@ class Proxy:
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
+            hole[1] = False
             link.close()
 
     async def _frames(self, reader: asyncio.StreamReader, link: _Link, hole: list[bool]) -> None:
