@@ -189,7 +189,8 @@ class EventStore:
         self._inbox = Inbox(nc)
         self._appender = Appender(nc, self._inbox, self.settings, self.registry)
         self._replays = SharedConnection(
-            self._servers, self.settings, self.settings.request_timeout_s, f"{self.settings.connect_name}-replay"
+            self._servers, self.settings, self.settings.request_timeout_s, f"{self.settings.connect_name}-replay",
+            ping_interval_s=self.settings.ping_interval_s, max_outstanding_pings=self.settings.max_outstanding_pings,
         )
         self._reader = Reader(nc, self._appender, self.settings, self.registry, self._replays)
         self._connection_log: _ConnectionLog | None = None  # set by connect(), which owns the callbacks
@@ -247,11 +248,16 @@ class EventStore:
         # Give up on the first connection after request_timeout_s (a refused connection is retried
         # every 200 ms until then); once connected, reconnect forever (see below).
         first_attempts = max(1, int(settings.request_timeout_s / 0.2))
+        servers = url.split(",")
         options: dict[str, Any] = {
             "name": settings.connect_name,
             "max_reconnect_attempts": first_attempts,
             "reconnect_time_wait": 0.2,
-            "connect_timeout": settings.request_timeout_s,
+            # Each server its share of the deadline: a silent first pick leaves time for the next one.
+            "connect_timeout": settings.request_timeout_s / len(servers),
+            # A silent server (no reset) is left for another within the same bound as the replays' (see settings).
+            "ping_interval": settings.ping_interval_s,
+            "max_outstanding_pings": settings.max_outstanding_pings,
             "allow_reconnect": True,
             "drain_timeout": settings.request_timeout_s,
             "error_cb": connection_log.on_error,
@@ -261,7 +267,7 @@ class EventStore:
         }
         options.update(connect_options)
         try:
-            nc = await connect_nats(url.split(","), deadline_s=settings.request_timeout_s, **options)
+            nc = await connect_nats(servers, deadline_s=settings.request_timeout_s, **options)
         except (NoServersError, OSError, asyncio.TimeoutError, NatsError) as exc:
             if server:
                 server.close()

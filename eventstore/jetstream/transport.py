@@ -31,6 +31,7 @@ import nkeys
 
 from ..errors import AuthenticationError, EventStoreClosedError, ServerUnavailableError
 from ..security import ConnectionSecurity, redact_url, tls_context
+from .keepalive import Keepalive
 
 __all__ = ["BulkConnection", "Raw", "Receiver", "Run"]
 
@@ -119,7 +120,8 @@ class BulkConnection(asyncio.Protocol):
         self._next_sid = 0
         self._lines: asyncio.Queue[bytes] = asyncio.Queue()
         self._handshaking = True
-        self._pongs: list[asyncio.Future[None]] = []
+        self._pongs: list[asyncio.Future[None] | None] = []  # per PING sent, in order; None: the keepalive's
+        self._keepalive: Keepalive | None = None
         self._lost: Exception | None = None
         self._lost_cause: Exception | None = None
         self._inbox = "_INBOX." + secrets.token_hex(11)
@@ -135,9 +137,20 @@ class BulkConnection(asyncio.Protocol):
 
     @classmethod
     async def open(
-        cls, servers: list[str], security: ConnectionSecurity, *, deadline_s: float, name: str = "jetsourcing-replay"
+        cls,
+        servers: list[str],
+        security: ConnectionSecurity,
+        *,
+        deadline_s: float,
+        name: str = "jetsourcing-replay",
+        ping_interval_s: float | None = None,
+        max_outstanding_pings: int = 2,
     ) -> BulkConnection:
         """Connect to the first of ``servers`` that answers, all tries within ``deadline_s``.
+
+        With ``ping_interval_s``, the connection PINGs the server that often and
+        fails (as a lost connection) when more than ``max_outstanding_pings``
+        go unanswered (:mod:`~eventstore.jetstream.keepalive`).
 
         Raises :class:`AuthenticationError` when a server refuses the
         credentials or TLS fails (retrying cannot help), else
@@ -150,6 +163,11 @@ class BulkConnection(asyncio.Protocol):
                     self = cls(security, name)
                     try:
                         await self._connect(url)
+                        if ping_interval_s is not None:
+                            self._keepalive = Keepalive(
+                                interval_s=ping_interval_s, max_outstanding=max_outstanding_pings,
+                                ping=self._ping, reads=lambda: self._reads, dead=self._fail,
+                            )
                         return self
                     except (OSError, ServerUnavailableError, ValueError) as exc:
                         self.close()
@@ -258,10 +276,12 @@ class BulkConnection(asyncio.Protocol):
         )
         self._lost = self._lost or error
         self._transport = None
+        if self._keepalive is not None:
+            self._keepalive.stop()
         for receiver in list(self._subs.values()):
             receiver.lost(self._lost)
         for future in self._pongs:
-            if not future.done():
+            if future is not None and not future.done():
                 future.set_exception(self._lost)
         self._pongs.clear()
         self._lines.put_nowait(b"")  # ends a handshake waiting for a line
@@ -364,9 +384,11 @@ class BulkConnection(asyncio.Protocol):
         if line == b"PING":
             self._write(b"PONG\r\n")
         elif line == b"PONG":
+            if self._keepalive is not None:
+                self._keepalive.answered()
             if self._pongs:
                 future = self._pongs.pop(0)
-                if not future.done():
+                if future is not None and not future.done():
                     future.set_result(None)
         elif line.startswith(b"-ERR"):
             self._fail(f"the server said {line[5:].decode(errors='replace')}")
@@ -376,6 +398,10 @@ class BulkConnection(asyncio.Protocol):
         self._lost = ServerUnavailableError(f"The replay connection to NATS at {self.url} failed: {why}.")
         if self._transport is not None:
             self._transport.abort()
+
+    def _ping(self) -> None:
+        self._pongs.append(None)
+        self._write(b"PING\r\n")
 
     def _write(self, data: bytes) -> None:
         if self._transport is None or self._transport.is_closing():
@@ -454,9 +480,11 @@ class BulkConnection(asyncio.Protocol):
             for receiver in list(self._subs.values()):
                 receiver.lost(error)
             for future in self._pongs:
-                if not future.done():
+                if future is not None and not future.done():
                     future.set_exception(error)
             self._pongs.clear()
+        if self._keepalive is not None:
+            self._keepalive.stop()
         if self._transport is not None:
             with contextlib.suppress(Exception):
                 self._transport.abort()  # close() would wait to send what is buffered, for ever on a silent peer
@@ -477,8 +505,19 @@ def _needed(buf: bytearray) -> int:
 class SharedConnection:
     """One :class:`BulkConnection` for the replays of one event store: opened on first use, again after a loss."""
 
-    def __init__(self, servers: Callable[[], list[str]], security: ConnectionSecurity, deadline_s: float, name: str) -> None:
+    def __init__(
+        self,
+        servers: Callable[[], list[str]],
+        security: ConnectionSecurity,
+        deadline_s: float,
+        name: str,
+        *,
+        ping_interval_s: float | None = None,
+        max_outstanding_pings: int = 2,
+    ) -> None:
         self._servers = servers
+        self._ping_interval_s = ping_interval_s
+        self._max_outstanding_pings = max_outstanding_pings
         self._security = security
         self._deadline_s = deadline_s
         self._name = name
@@ -495,7 +534,8 @@ class SharedConnection:
                 await self._check(self._conn)
             if self._conn is None or self._conn.closed:
                 conn = await BulkConnection.open(
-                    self._servers(), self._security, deadline_s=self._deadline_s, name=self._name
+                    self._servers(), self._security, deadline_s=self._deadline_s, name=self._name,
+                    ping_interval_s=self._ping_interval_s, max_outstanding_pings=self._max_outstanding_pings,
                 )
                 if self._closed:  # close() ran while it opened
                     conn.close()

@@ -177,3 +177,76 @@ async def test_a_close_during_an_open_leaves_no_connection(nats_url: str) -> Non
                 break
             await asyncio.sleep(0.1)
         assert proxy.connections == 1 and proxy.open_connections == 0
+
+
+class _Lost:
+    """A receiver that only records the error the connection ends with."""
+
+    scan = None
+
+    def __init__(self) -> None:
+        self.error: Exception | None = None
+
+    def add(self, rows: list[Any]) -> None:
+        pass
+
+    def add_run(self, run: object) -> None:
+        raise AssertionError(run)
+
+    def wake(self) -> None:
+        pass
+
+    def lost(self, error: Exception) -> None:
+        self.error = error
+
+
+async def test_pings_notice_a_silent_replay_connection_within_the_detection_interval(nats_url: str) -> None:
+    async with Proxy(nats_url) as proxy:
+        pings = {"ping_interval_s": 0.2, "max_outstanding_pings": 2}  # detected within 0.6 s
+        idle = await BulkConnection.open([proxy.url], ConnectionSecurity(), deadline_s=5, **pings)  # type: ignore[arg-type]
+        await asyncio.sleep(1.0)
+        assert not idle.closed  # a server that answers its PINGs keeps its connection
+        receiver = _Lost()
+        idle.subscribe("nothing.here", receiver)
+        proxy.blackhole()
+        started = time.monotonic()
+        while not idle.closed and time.monotonic() - started < 10:
+            await asyncio.sleep(0.02)
+        assert idle.closed and 0.3 < time.monotonic() - started < 1.5, time.monotonic() - started
+        assert isinstance(receiver.error, ServerUnavailableError) and "PING" in str(receiver.error), receiver.error
+
+
+async def test_a_live_replay_and_appends_go_on_after_their_server_goes_silent(nats_url: str) -> None:
+    settings = unique_settings("", request_timeout_s=1.5, ping_interval_s=0.3, max_outstanding_pings=2)
+    detection_s = 0.9
+    account = StreamId("Account", "a-1")
+    async with Proxy(nats_url) as proxy:
+        store = await _connect(settings.model_copy(update={"nats_url": proxy.url}))
+        try:
+            await store.append(account, [Deposited(amount=1)], expected_version=NO_STREAM)
+            live = store.subscribe(heartbeat_s=0.5)
+            assert [e.data.amount for e in await anext(live)] == [1]
+            proxy.blackhole()  # both of the store's connections; new ones pass (another route, another node)
+            started = time.monotonic()
+            async with asyncio.timeout(30):
+                await store.append(account, [Deposited(amount=2)], expected_version=1)
+            appended = time.monotonic() - started
+            assert appended < detection_s + 2 * settings.request_timeout_s + 1.0, appended
+            async with asyncio.timeout(30):
+                batch = await anext(live)
+            resumed = time.monotonic() - started
+            assert [e.data.amount for e in batch] == [2]
+            assert resumed < detection_s + 2 * settings.request_timeout_s + 1.0, resumed
+            await live.aclose()  # type: ignore[attr-defined]
+        finally:
+            async with asyncio.timeout(10):
+                await store.close()
+
+
+async def test_connect_reaches_a_live_server_listed_after_a_silent_one(nats_url: str) -> None:
+    async with SilentServer() as silent:  # accepts, never sends INFO: a blackholed seed
+        for _ in range(4):  # nats-py picks the first server at random
+            settings = unique_settings(f"{silent.url},{nats_url}", request_timeout_s=2.0)
+            async with asyncio.timeout(10):
+                store = await EventStore.connect(settings)
+            await store.close()
