@@ -36,7 +36,7 @@ from nats.js.errors import NotFoundError
 from .append import Appender
 from .errors import map_nats_error
 from .jetstream.replay import Commits, NativeRun, OrderedReplay, Parsed, Part, Scanner
-from .jetstream.transport import SharedConnection
+from .jetstream.shared import SharedConnection
 from .events import RecordedEvent
 from .registry import TypeRegistry
 from .settings import EventStoreSettings

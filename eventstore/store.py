@@ -44,7 +44,7 @@ from .jetstream.inbox import Inbox
 from .jetstream.api import ErrorCode, Subjects
 from .jetstream.durable import DurableConsumer
 from .jetstream.not_now import ride_out_jetstream
-from .jetstream.transport import SharedConnection
+from .jetstream.shared import SharedConnection
 from .reading import Reader, Replayed, StoredMessage
 from .registry import TypeRegistry
 from .server import EmbeddedServer

@@ -10,8 +10,10 @@ bring a native scanner that frames whole runs of its messages at once.
 
 It speaks the small part of the client protocol a replay needs: the
 handshake (TLS, every way of authenticating the event store supports), PING,
-SUB/UNSUB, PUB and requests. It does not reconnect: a replay opens a new one
-and resumes after the last message it handed over.
+SUB/UNSUB, PUB and requests. Like nats-py it tries its servers from a shuffled
+pool that learns the cluster's (:mod:`.pool`) and PINGs to notice a silent
+peer (:mod:`.keepalive`). It does not reconnect: a replay opens a new one
+(:mod:`.shared`) and resumes after the last message it handed over.
 """
 
 from __future__ import annotations
@@ -29,9 +31,10 @@ from urllib.parse import unquote, urlsplit
 
 import nkeys
 
-from ..errors import AuthenticationError, EventStoreClosedError, ServerUnavailableError
+from ..errors import AuthenticationError, ServerUnavailableError
 from ..security import ConnectionSecurity, redact_url, tls_context
 from .keepalive import Keepalive
+from .pool import ServerPool
 
 __all__ = ["BulkConnection", "Raw", "Receiver", "Run"]
 
@@ -42,7 +45,6 @@ Run = object
 """What a receiver's scanner returns for a run of messages it framed (the receiver's own type)."""
 
 _MAX_CONTROL_LINE = 4096
-_CHECK_S = 1.0  # how long a suspect connection has to answer a PING (a healthy one answers in milliseconds)
 
 
 class Receiver(Protocol):
@@ -122,6 +124,8 @@ class BulkConnection(asyncio.Protocol):
         self._handshaking = True
         self._pongs: list[asyncio.Future[None] | None] = []  # per PING sent, in order; None: the keepalive's
         self._keepalive: Keepalive | None = None
+        self._pool: ServerPool | None = None
+        self._origin = ""
         self._lost: Exception | None = None
         self._lost_cause: Exception | None = None
         self._inbox = "_INBOX." + secrets.token_hex(11)
@@ -145,8 +149,14 @@ class BulkConnection(asyncio.Protocol):
         name: str = "jetsourcing-replay",
         ping_interval_s: float | None = None,
         max_outstanding_pings: int = 2,
+        pool: ServerPool | None = None,
     ) -> BulkConnection:
         """Connect to the first of ``servers`` that answers, all tries within ``deadline_s``.
+
+        The servers are tried in random order, then those the cluster
+        advertised (``pool``, which the connection keeps up to date from the
+        server's INFO), each try within its share of the time left, so that a
+        silent server leaves time for the next (:mod:`~eventstore.jetstream.pool`).
 
         With ``ping_interval_s``, the connection PINGs the server that often and
         fails (as a lost connection) when more than ``max_outstanding_pings``
@@ -157,12 +167,18 @@ class BulkConnection(asyncio.Protocol):
         :class:`ServerUnavailableError` naming the servers and the last error.
         """
         last: BaseException | None = None
+        pool = pool or ServerPool()
+        tries = pool.candidates(servers)
+        loop = asyncio.get_running_loop()
+        end = loop.time() + deadline_s
         try:
             async with asyncio.timeout(deadline_s):
-                for url in servers:
+                for i, candidate in enumerate(tries):
                     self = cls(security, name)
+                    self._pool = pool
                     try:
-                        await self._connect(url)
+                        async with asyncio.timeout((end - loop.time()) / (len(tries) - i)):
+                            await self._connect(candidate.url, candidate.tls_name)
                         if ping_interval_s is not None:
                             self._keepalive = Keepalive(
                                 interval_s=ping_interval_s, max_outstanding=max_outstanding_pings,
@@ -185,7 +201,7 @@ class BulkConnection(asyncio.Protocol):
             "Check that the server is up and reachable."
         ) from last
 
-    async def _connect(self, url: str) -> None:
+    async def _connect(self, url: str, tls_name: str | None = None) -> None:
         parts = urlsplit(url if "://" in url else f"nats://{url}")
         self.url = redact_url(url)
         host, port = parts.hostname or "127.0.0.1", parts.port or 4222
@@ -201,7 +217,7 @@ class BulkConnection(asyncio.Protocol):
             )
         if info.get("tls_required"):
             context = context or ssl.create_default_context()
-            hostname = self._security.tls_hostname or host
+            hostname = self._security.tls_hostname or tls_name or host
             assert self._transport is not None
             try:
                 self._transport = await loop.start_tls(self._transport, self, context, server_hostname=hostname)
@@ -219,6 +235,9 @@ class BulkConnection(asyncio.Protocol):
                 )
             raise ServerUnavailableError(f"NATS at {self.url} refused the connection ({why}).")
         self._handshaking = False
+        if self._pool is not None:
+            self._pool.learn(info, url)
+            self._origin = url
         if self._buf:  # messages right behind the PONG
             self.data_received(b"")
         self.subscribe_inbox()
@@ -392,7 +411,10 @@ class BulkConnection(asyncio.Protocol):
                     future.set_result(None)
         elif line.startswith(b"-ERR"):
             self._fail(f"the server said {line[5:].decode(errors='replace')}")
-        # +OK and INFO (cluster changes) need nothing
+        elif line.startswith(b"INFO ") and self._pool is not None:  # the cluster changed: servers to fail over to
+            with contextlib.suppress(ValueError):
+                self._pool.learn(json.loads(line[5:]), self._origin)
+        # +OK needs nothing
 
     def _fail(self, why: str) -> None:
         self._lost = ServerUnavailableError(f"The replay connection to NATS at {self.url} failed: {why}.")
@@ -500,75 +522,3 @@ def _needed(buf: bytearray) -> int:
     if op not in (b"HMSG", b"MSG") or not size.isdigit():
         return 0
     return eol + 2 + int(size) + 2
-
-
-class SharedConnection:
-    """One :class:`BulkConnection` for the replays of one event store: opened on first use, again after a loss."""
-
-    def __init__(
-        self,
-        servers: Callable[[], list[str]],
-        security: ConnectionSecurity,
-        deadline_s: float,
-        name: str,
-        *,
-        ping_interval_s: float | None = None,
-        max_outstanding_pings: int = 2,
-    ) -> None:
-        self._servers = servers
-        self._ping_interval_s = ping_interval_s
-        self._max_outstanding_pings = max_outstanding_pings
-        self._security = security
-        self._deadline_s = deadline_s
-        self._name = name
-        self._conn: BulkConnection | None = None
-        self._lock = asyncio.Lock()
-        self._closed = False
-
-    async def get(self) -> BulkConnection:
-        """The open connection (opening one within ``deadline_s``, or raising as :meth:`BulkConnection.open`)."""
-        async with self._lock:
-            if self._closed:
-                raise _closed()
-            if self._conn is not None and not self._conn.closed and self._conn.suspect:
-                await self._check(self._conn)
-            if self._conn is None or self._conn.closed:
-                conn = await BulkConnection.open(
-                    self._servers(), self._security, deadline_s=self._deadline_s, name=self._name,
-                    ping_interval_s=self._ping_interval_s, max_outstanding_pings=self._max_outstanding_pings,
-                )
-                if self._closed:  # close() ran while it opened
-                    conn.close()
-                    raise _closed()
-                self._conn = conn
-            return self._conn
-
-    def is_closed(self) -> bool:
-        """Whether :meth:`close` ran (the event store was closed)."""
-        return self._closed
-
-    async def _check(self, conn: BulkConnection) -> None:
-        """Keep ``conn`` if it answers a PING promptly; else close it, failing what waits on it (they go on on a new
-        connection), so a half-open connection is never handed out again."""
-        timeout_s = min(self._deadline_s, _CHECK_S)
-        try:
-            await conn.flush(timeout_s)
-            conn.suspect = False
-        except (TimeoutError, ServerUnavailableError):
-            conn.close(ServerUnavailableError(
-                f"The replay connection to NATS at {conn.url} is dead: a request and a PING went unanswered for "
-                f"{timeout_s}s (a lost host or a partition). Replays go on on a new connection."
-            ))
-
-    def close(self) -> None:
-        """Close the connection; replays and requests still running end at once, and every later :meth:`get`,
-        with :class:`~eventstore.EventStoreClosedError`."""
-        self._closed = True
-        if self._conn is not None:
-            self._conn.close(_closed())
-
-
-def _closed() -> EventStoreClosedError:
-    return EventStoreClosedError(
-        "The event store was closed: its replays ended. Connect a new EventStore to read again."
-    )

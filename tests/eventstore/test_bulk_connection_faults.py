@@ -15,6 +15,7 @@ import pytest
 from eventstore import (
     NO_STREAM,
     ConnectionSecurity,
+    EmbeddedCluster,
     EventStore,
     EventStoreClosedError,
     EventStoreSettings,
@@ -24,7 +25,7 @@ from eventstore import (
 )
 from eventstore.jetstream import BulkConnection
 from eventstore.jetstream.replay import OrderedReplay
-from eventstore.jetstream.transport import SharedConnection
+from eventstore.jetstream import SharedConnection
 from tests.conftest import unique_settings
 from tests.support.proxy import Proxy, SilentServer
 
@@ -250,3 +251,29 @@ async def test_connect_reaches_a_live_server_listed_after_a_silent_one(nats_url:
             async with asyncio.timeout(10):
                 store = await EventStore.connect(settings)
             await store.close()
+
+
+async def test_an_open_fails_over_from_a_silent_server_to_a_live_one(nats_url: str) -> None:
+    async with SilentServer() as silent:  # accepts, never sends INFO: a blackholed server
+        for _ in range(6):  # the order is shuffled: the silent one comes first about half the time
+            started = time.monotonic()
+            conn = await BulkConnection.open([silent.url, nats_url], ConnectionSecurity(), deadline_s=2.0)
+            assert conn.url == nats_url and time.monotonic() - started < 2.0
+            conn.close()
+        assert silent.connections >= 1
+
+
+async def test_replays_fail_over_to_the_servers_the_cluster_advertised(cluster: EmbeddedCluster) -> None:
+    async with Proxy(cluster.urls[0]) as seed:  # the only server configured
+        shared = SharedConnection(lambda: [seed.url], ConnectionSecurity(), 2.0, "test")
+        try:
+            first = await shared.get()
+            assert first.url == seed.url
+            await seed.down()  # the seed is gone for good; the cluster's other nodes are not
+            async with asyncio.timeout(10):
+                while not first.closed:
+                    await asyncio.sleep(0.02)
+                second = await shared.get()
+            assert second.url in cluster.urls  # as advertised (node 0 itself, reached directly, would do too)
+        finally:
+            shared.close()
