@@ -191,6 +191,7 @@ class EventStore:
         self._replays = SharedConnection(
             self._servers, self.settings, self.settings.request_timeout_s, f"{self.settings.connect_name}-replay",
             ping_interval_s=self.settings.ping_interval_s, max_outstanding_pings=self.settings.max_outstanding_pings,
+            inbox_prefix=nc.new_inbox().rpartition(".")[0],  # nc's inbox_prefix: a user may be allowed only that
         )
         self._reader = Reader(nc, self._appender, self.settings, self.registry, self._replays)
         self._connection_log: _ConnectionLog | None = None  # set by connect(), which owns the callbacks

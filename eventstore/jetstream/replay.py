@@ -40,7 +40,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeAlias
 
-from ..errors import EventStoreClosedError, ServerUnavailableError, StreamConfigError, server_unavailable, store_closed
+from ..errors import AuthenticationError, EventStoreClosedError, ServerUnavailableError, StreamConfigError, server_unavailable, store_closed
 from ..wire import Header
 from .api import API_PREFIX, ErrorCode, Subjects
 from .transport import BulkConnection, Raw
@@ -387,6 +387,8 @@ class OrderedReplay:
                         yield ready
                         self._resumed()
                     continue
+                if isinstance(arrivals.error, AuthenticationError):
+                    raise arrivals.error  # refused for want of a permission: asking again cannot help
                 if self._reset or time.monotonic() - arrivals.last_activity > self._heartbeat_s * 3 or arrivals.error:
                     await self._create_consumer()
                     continue
@@ -574,8 +576,8 @@ class OrderedReplay:
                 self._conn = conn
                 self._arrivals.error = None
                 return conn
-            except ServerUnavailableError:
-                if deadline is not None and time.monotonic() + delay > deadline:
+            except ServerUnavailableError as exc:
+                if isinstance(exc, AuthenticationError) or deadline is not None and time.monotonic() + delay > deadline:
                     raise
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
@@ -626,6 +628,8 @@ class OrderedReplay:
                         f"{self._what}: JetStream refused the consumer: {info['error']}. Check that the stream exists."
                     )
                 break
+            except AuthenticationError:
+                raise  # refused credentials or a missing permission: asking again cannot help
             except (ServerUnavailableError, ValueError) as exc:
                 if conn is not None and not conn.closed:
                     conn.publish(self._api.consumer_delete(name), b"")  # if the unanswered try created it

@@ -36,7 +36,9 @@ class SharedConnection:
         *,
         ping_interval_s: float | None = None,
         max_outstanding_pings: int = 2,
+        inbox_prefix: str = "_INBOX",
     ) -> None:
+        self._inbox_prefix = inbox_prefix
         self._servers = servers
         self._pool = ServerPool()
         self._ping_interval_s = ping_interval_s
@@ -59,7 +61,7 @@ class SharedConnection:
                 conn = await BulkConnection.open(
                     self._servers(), self._security, deadline_s=self._deadline_s, name=self._name,
                     ping_interval_s=self._ping_interval_s, max_outstanding_pings=self._max_outstanding_pings,
-                    pool=self._pool,
+                    pool=self._pool, inbox_prefix=self._inbox_prefix,
                 )
                 if self._closed:  # close() ran while it opened
                     conn.close()

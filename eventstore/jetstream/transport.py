@@ -22,6 +22,8 @@ import asyncio
 import base64
 import contextlib
 import json
+import logging
+import re
 import secrets
 import ssl
 from collections.abc import Callable
@@ -44,7 +46,10 @@ Raw = tuple[bytes, "bytes | None", bytes, bytes]
 Run = object
 """What a receiver's scanner returns for a run of messages it framed (the receiver's own type)."""
 
+log = logging.getLogger("jetsourcing.eventstore")
+
 _MAX_CONTROL_LINE = 4096
+_PERMISSION = re.compile(r'permissions violation for (publish|subscription) to "?([^"\s]+)', re.IGNORECASE)
 
 
 class Receiver(Protocol):
@@ -112,7 +117,7 @@ def _creds_part(text: str, what: str) -> str:
 class BulkConnection(asyncio.Protocol):
     """One NATS connection for bulk reads (see the module docs). Open it with :meth:`open`."""
 
-    def __init__(self, security: ConnectionSecurity, name: str) -> None:
+    def __init__(self, security: ConnectionSecurity, name: str, inbox_prefix: str = "_INBOX") -> None:
         self._security = security
         self._name = name
         self._transport: asyncio.Transport | None = None
@@ -128,7 +133,9 @@ class BulkConnection(asyncio.Protocol):
         self._origin = ""
         self._lost: Exception | None = None
         self._lost_cause: Exception | None = None
-        self._inbox = "_INBOX." + secrets.token_hex(11)
+        self._inbox = f"{inbox_prefix}.{secrets.token_hex(11)}"
+        self._subjects: dict[bytes, str] = {}  # what each subscription (by id) and request (by token) is on
+        self._refusals: set[str] = set()
         self._replies = _Replies(f"{self._inbox}.".encode())
         self._requests = 0
         self._reads = 0  # socket reads so far: a request that times out with none since it was sent is suspect
@@ -147,6 +154,7 @@ class BulkConnection(asyncio.Protocol):
         *,
         deadline_s: float,
         name: str = "jetsourcing-replay",
+        inbox_prefix: str = "_INBOX",
         ping_interval_s: float | None = None,
         max_outstanding_pings: int = 2,
         pool: ServerPool | None = None,
@@ -157,6 +165,7 @@ class BulkConnection(asyncio.Protocol):
         advertised (``pool``, which the connection keeps up to date from the
         server's INFO), each try within its share of the time left, so that a
         silent server leaves time for the next (:mod:`~eventstore.jetstream.pool`).
+        Replies come to subjects under ``inbox_prefix`` (nats-py's option of that name).
 
         With ``ping_interval_s``, the connection PINGs the server that often and
         fails (as a lost connection) when more than ``max_outstanding_pings``
@@ -174,7 +183,7 @@ class BulkConnection(asyncio.Protocol):
         try:
             async with asyncio.timeout(deadline_s):
                 for i, candidate in enumerate(tries):
-                    self = cls(security, name)
+                    self = cls(security, name, inbox_prefix)
                     self._pool = pool
                     try:
                         async with asyncio.timeout((end - loop.time()) / (len(tries) - i)):
@@ -410,7 +419,11 @@ class BulkConnection(asyncio.Protocol):
                 if future is not None and not future.done():
                     future.set_result(None)
         elif line.startswith(b"-ERR"):
-            self._fail(f"the server said {line[5:].decode(errors='replace')}")
+            why = line[5:].decode(errors="replace").strip(" '")
+            if "permissions violation" in why.lower():
+                self._refused(why)  # the server keeps the connection (nats-py's _process_err does the same)
+            else:
+                self._fail(f"the server said {why}")
         elif line.startswith(b"INFO ") and self._pool is not None:  # the cluster changed: servers to fail over to
             with contextlib.suppress(ValueError):
                 self._pool.learn(json.loads(line[5:]), self._origin)
@@ -420,6 +433,29 @@ class BulkConnection(asyncio.Protocol):
         self._lost = ServerUnavailableError(f"The replay connection to NATS at {self.url} failed: {why}.")
         if self._transport is not None:
             self._transport.abort()
+
+    def _refused(self, why: str) -> None:
+        """Fail what the server refused for want of a permission (:class:`AuthenticationError`: asking again cannot
+        help), logged once per refusal; the rest of the connection goes on."""
+        error = AuthenticationError(
+            f"NATS at {self.url} refused a replay: {why}. The user lacks a permission the event store needs: allow "
+            f"it in the server's authorization (replays publish to $JS.API.> and subscribe to {self._inbox.rpartition('.')[0]}.>), "
+            "or give the connection an inbox_prefix the user may subscribe to."
+        )
+        if why not in self._refusals:
+            self._refusals.add(why)
+            log.warning("%s", error)
+        found = _PERMISSION.search(why)
+        refused = found.group(2) if found else None
+        for key, subject in list(self._subjects.items()):
+            if subject != refused:
+                continue
+            if key == b"0":  # the replies' subscription: no request can be answered here
+                self.close(error)
+            elif (future := self._replies.waiting.pop(key, None)) is not None and not future.done():
+                future.set_exception(error)
+            elif (receiver := self._subs.pop(key, None)) is not None:
+                receiver.lost(error)
 
     def _ping(self) -> None:
         self._pongs.append(None)
@@ -446,15 +482,18 @@ class BulkConnection(asyncio.Protocol):
         self._next_sid += 1
         sid = str(self._next_sid).encode()
         self._subs[sid] = receiver
+        self._subjects[sid] = subject
         self._write(b"SUB " + subject.encode() + b" " + sid + b"\r\n")
         return sid
 
     def subscribe_inbox(self) -> None:
         self._subs[b"0"] = self._replies
+        self._subjects[b"0"] = f"{self._inbox}.r.*"
         self._write(f"SUB {self._inbox}.r.* 0\r\n".encode())
 
     def unsubscribe(self, sid: bytes) -> None:
         """Stop delivering to the subscription (messages already in the socket's buffer are dropped)."""
+        self._subjects.pop(sid, None)
         if self._subs.pop(sid, None) is not None and not self.closed:
             self._write(b"UNSUB " + sid + b"\r\n")
 
@@ -471,6 +510,7 @@ class BulkConnection(asyncio.Protocol):
         token = f"r.{self._requests}"
         future: asyncio.Future[Raw] = asyncio.get_running_loop().create_future()
         self._replies.waiting[token.encode()] = future
+        self._subjects[token.encode()] = subject
         try:
             self.publish(subject, payload, f"{self._inbox}.{token}")
             async with asyncio.timeout(timeout_s):
@@ -481,6 +521,7 @@ class BulkConnection(asyncio.Protocol):
             raise
         finally:
             self._replies.waiting.pop(token.encode(), None)
+            self._subjects.pop(token.encode(), None)
 
     async def flush(self, timeout_s: float) -> None:
         """Wait until the server has processed everything sent so far (a PING answered)."""

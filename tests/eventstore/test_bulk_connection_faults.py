@@ -7,15 +7,17 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from typing import Any
 
 import pytest
 
 from eventstore import (
     NO_STREAM,
+    AuthenticationError,
     ConnectionSecurity,
     EmbeddedCluster,
+    EmbeddedServer,
     EventStore,
     EventStoreClosedError,
     EventStoreSettings,
@@ -277,3 +279,72 @@ async def test_replays_fail_over_to_the_servers_the_cluster_advertised(cluster: 
             assert second.url in cluster.urls  # as advertised (node 0 itself, reached directly, would do too)
         finally:
             shared.close()
+
+
+_PERMISSIONS = """
+authorization {
+  users: [
+    {user: limited, password: pw, permissions: {publish: {deny: ["forbidden.>"]}}}
+    {user: boxed, password: pw, permissions: {subscribe: {allow: ["_MY.>"]}}}
+  ]
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def guarded_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
+    """A server whose users lack some permissions."""
+    server = EmbeddedServer(tmp_path_factory.mktemp("guarded"), extra_config=_PERMISSIONS)
+    server.start()
+    yield server
+    server.close()
+
+
+async def test_a_permission_violation_fails_what_was_refused_and_keeps_the_connection(
+    guarded_server: EmbeddedServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    security = ConnectionSecurity(user="limited", password="pw")  # type: ignore[arg-type]
+    conn = await BulkConnection.open([guarded_server.url], security, deadline_s=5)
+    try:
+        received = _Lost()
+        conn.subscribe("allowed.x", received)
+        for _ in range(2):
+            started = time.monotonic()
+            with pytest.raises(AuthenticationError, match="Permissions Violation for Publish"):
+                await conn.request("forbidden.x", b"", timeout_s=5)
+            assert time.monotonic() - started < 1.0  # at once, not at the timeout
+        await conn.flush(2)  # the connection, and its subscription, go on
+        assert not conn.closed and received.error is None
+        refusals = [r for r in caplog.records if "Permissions Violation" in r.getMessage()]
+        assert len(refusals) == 1 and refusals[0].levelname == "WARNING"  # logged once, not per refusal
+    finally:
+        conn.close()
+
+
+async def test_replays_use_the_connections_inbox_prefix(guarded_server: EmbeddedServer) -> None:
+    settings = unique_settings(guarded_server.url, user="boxed", password="pw", request_timeout_s=2.0)
+    async with asyncio.timeout(30):
+        store = await EventStore.connect(settings, inbox_prefix="_MY")  # the user may subscribe to _MY.> only
+        try:
+            for model in ALL:
+                store.registry.register(model)
+            await store.append(StreamId("Account", "a-1"), [Deposited(amount=1)], expected_version=NO_STREAM)
+            batch = await _first(store.read_all())
+            assert [e.data.amount for e in batch] == [1]
+            live = store.subscribe()
+            assert [e.data.amount for e in await anext(live)] == [1]
+            await live.aclose()  # type: ignore[attr-defined]
+        finally:
+            await store.close()
+
+
+async def test_a_replay_refused_its_inbox_fails_at_once_naming_the_permission(guarded_server: EmbeddedServer) -> None:
+    settings = unique_settings(guarded_server.url, user="boxed", password="pw", request_timeout_s=2.0)
+    store = await EventStore.connect(settings, create_stream=False)  # inbox_prefix left at _INBOX: refused
+    try:
+        for read in (_first(store.subscribe()), _first(store.read_all(to_position=5))):
+            async with asyncio.timeout(10):  # the old code retried a live read for ever
+                error = await _ends_within(read, 3.0)
+            assert isinstance(error, AuthenticationError) and "inbox_prefix" in str(error), error
+    finally:
+        await store.close()
