@@ -28,7 +28,6 @@ import secrets
 import ssl
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
 from urllib.parse import unquote, urlsplit
 
 import nkeys
@@ -37,70 +36,14 @@ from ..errors import AuthenticationError, ServerUnavailableError
 from ..security import ConnectionSecurity, redact_url, tls_context
 from .keepalive import Keepalive
 from .pool import ServerPool
+from .receivers import Raw, Receiver, Replies, Run
 
 __all__ = ["BulkConnection", "Raw", "Receiver", "Run"]
-
-Raw = tuple[bytes, "bytes | None", bytes, bytes]
-"""A message off the wire: (subject, reply subject or None, header block, body)."""
-
-Run = object
-"""What a receiver's scanner returns for a run of messages it framed (the receiver's own type)."""
 
 log = logging.getLogger("jetsourcing.eventstore")
 
 _MAX_CONTROL_LINE = 4096
 _PERMISSION = re.compile(r'permissions violation for (publish|subscription) to "?([^"\s]+)', re.IGNORECASE)
-
-
-class Receiver(Protocol):
-    """Where one subscription's messages go, in arrival order.
-
-    ``scan``, when not None, frames a run of the subscription's messages at
-    ``data[pos:]`` natively: it returns where the run ends and the run, or
-    ``(pos, None)`` when the message there is not one it takes (the connection
-    frames that one in Python).
-    """
-
-    scan: Callable[[bytes, int], tuple[int, Run | None]] | None
-
-    def add(self, rows: list[Raw]) -> None:
-        """Take messages framed in Python, in order."""
-
-    def add_run(self, run: Run) -> None:
-        """Take a run the scanner framed."""
-
-    def wake(self) -> None:
-        """Called once after each socket read that brought the subscription something."""
-
-    def lost(self, error: Exception) -> None:
-        """The connection is gone: nothing more will arrive."""
-
-
-class _Replies:
-    """The receiver of :meth:`BulkConnection.request`'s replies: routes each to the future waiting for it."""
-
-    def __init__(self, prefix: bytes) -> None:
-        self.scan: Callable[[bytes, int], tuple[int, Run | None]] | None = None
-        self.cut = len(prefix)
-        self.waiting: dict[bytes, asyncio.Future[Raw]] = {}
-
-    def add(self, rows: list[Raw]) -> None:
-        for row in rows:
-            future = self.waiting.pop(row[0][self.cut :], None)
-            if future is not None and not future.done():
-                future.set_result(row)
-
-    def add_run(self, run: Run) -> None:  # pragma: no cover - no scanner
-        raise AssertionError(run)
-
-    def wake(self) -> None:
-        pass
-
-    def lost(self, error: Exception) -> None:
-        for future in self.waiting.values():
-            if not future.done():
-                future.set_exception(error)
-        self.waiting.clear()
 
 
 def _creds_part(text: str, what: str) -> str:
@@ -136,7 +79,7 @@ class BulkConnection(asyncio.Protocol):
         self._inbox = f"{inbox_prefix}.{secrets.token_hex(11)}"
         self._subjects: dict[bytes, str] = {}  # what each subscription (by id) and request (by token) is on
         self._refusals: set[str] = set()
-        self._replies = _Replies(f"{self._inbox}.".encode())
+        self._replies = Replies(f"{self._inbox}.".encode())
         self._requests = 0
         self._reads = 0  # socket reads so far: a request that times out with none since it was sent is suspect
         self.suspect = False

@@ -5,6 +5,7 @@ and nothing is left behind."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterator
@@ -129,11 +130,14 @@ async def test_a_half_open_replay_connection_is_not_handed_out_again(nats_url: s
 
 
 def _descriptors() -> int:
+    """This process's open descriptors (the sockets of connections closed a moment ago are let go first)."""
+    gc.collect()
     return len(os.listdir("/proc/self/fd"))
 
 
 async def test_failed_and_cancelled_opens_leave_no_descriptor() -> None:
     async with SilentServer() as silent:  # accepts, says nothing (each connection is one descriptor of its own here)
+        await asyncio.sleep(0.2)  # what earlier tests closed is let go
         before = _descriptors()
         for _ in range(10):
             with pytest.raises(ServerUnavailableError):
@@ -146,13 +150,14 @@ async def test_failed_and_cancelled_opens_leave_no_descriptor() -> None:
                 await opening
         await asyncio.sleep(0.1)
         assert silent.connections == 20
-        assert _descriptors() - before == silent.connections  # the server's ends only
+        assert _descriptors() - before <= silent.connections  # the server's ends only
 
 
 async def test_live_replay_retries_leave_no_descriptor() -> None:
     async with SilentServer() as silent:
         shared = SharedConnection(lambda: [silent.url], ConnectionSecurity(), 0.2, "test")
         replay = OrderedReplay(shared.get, "EVENTS", live=True, api_timeout_s=0.2)
+        await asyncio.sleep(0.2)  # what earlier tests closed is let go
         before = _descriptors()
         reading = asyncio.ensure_future(_first(replay.batches()))
         await asyncio.sleep(3)  # a retry every 0.2 s to 1.2 s
@@ -160,7 +165,7 @@ async def test_live_replay_retries_leave_no_descriptor() -> None:
         shared.close()
         await asyncio.sleep(0.1)
         assert silent.connections >= 4
-        assert _descriptors() - before == silent.connections
+        assert _descriptors() - before <= silent.connections  # the server's ends only
 
 
 async def test_a_close_during_an_open_leaves_no_connection(nats_url: str) -> None:
