@@ -5,6 +5,7 @@ and nothing is left behind."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import os
 import time
@@ -353,3 +354,34 @@ async def test_a_replay_refused_its_inbox_fails_at_once_naming_the_permission(gu
             assert isinstance(error, AuthenticationError) and "inbox_prefix" in str(error), error
     finally:
         await store.close()
+
+
+async def test_a_live_replay_and_appends_move_to_another_node_when_theirs_goes_silent(cluster: EmbeddedCluster) -> None:
+    async with contextlib.AsyncExitStack() as stack:
+        proxies = [await stack.enter_async_context(Proxy(url)) for url in cluster.urls]  # a route per node
+        settings = unique_settings(
+            ",".join(p.url for p in proxies), replicas=3, request_timeout_s=2.0, ping_interval_s=0.3,
+            max_outstanding_pings=2,
+        )
+        bound_s = 0.9 + settings.request_timeout_s + 2.0  # detection, one request timeout, room for a loaded machine
+        account = StreamId("Account", "a-1")
+        store = await _connect(settings)
+        try:
+            await store.append(account, [Deposited(amount=1)], expected_version=NO_STREAM)
+            live = store.subscribe(heartbeat_s=0.5)
+            assert [e.data.amount for e in await anext(live)] == [1]
+            silenced = [p for p in proxies if p.open_connections]
+            for proxy in silenced:  # the store's nodes are cut off from it, without a reset; the cluster is whole
+                proxy.silence()
+            started = time.monotonic()
+            async with asyncio.timeout(30):
+                await store.append(account, [Deposited(amount=2)], expected_version=1)
+            assert time.monotonic() - started < bound_s + settings.request_timeout_s, time.monotonic() - started
+            async with asyncio.timeout(30):
+                batch = await anext(live)
+            assert [e.data.amount for e in batch] == [2]
+            assert time.monotonic() - started < bound_s + settings.request_timeout_s, time.monotonic() - started
+            await live.aclose()  # type: ignore[attr-defined]
+        finally:
+            async with asyncio.timeout(15):
+                await store.close()
