@@ -22,7 +22,14 @@ from nats.aio.subscription import Subscription
 from nats.errors import ConnectionClosedError
 from nats.errors import Error as NatsError
 
-from ..errors import EventStoreClosedError, EventStoreError, ServerUnavailableError, not_now_answer, server_unavailable, store_closed
+from ..errors import (
+    EventStoreClosedError,
+    EventStoreError,
+    ServerUnavailableError,
+    not_now_answer,
+    server_unavailable,
+    store_closed,
+)
 from ..wire import Header
 from .api import TRANSIENT_API_ERRORS
 

@@ -40,7 +40,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeAlias
 
-from ..errors import AuthenticationError, EventStoreClosedError, ServerUnavailableError, StreamConfigError, server_unavailable, store_closed
+from ..errors import (
+    AuthenticationError,
+    EventStoreClosedError,
+    ServerUnavailableError,
+    StreamConfigError,
+    server_unavailable,
+    store_closed,
+)
 from ..wire import Header
 from .api import API_PREFIX, ErrorCode, Subjects
 from .transport import BulkConnection, Raw

@@ -25,7 +25,11 @@ _CHECK_S = 1.0  # how long a suspect connection has to answer a PING (a healthy 
 
 
 class SharedConnection:
-    """One :class:`BulkConnection` for the replays of one event store: opened on first use, again after a loss."""
+    """One :class:`BulkConnection` for the replays of one event store: opened on first use, again after a loss.
+
+    Its connections PING as ``ping_interval_s`` and ``max_outstanding_pings``
+    say (None: never) and take replies under ``inbox_prefix``.
+    """
 
     def __init__(
         self,
@@ -34,15 +38,15 @@ class SharedConnection:
         deadline_s: float,
         name: str,
         *,
-        ping_interval_s: float | None = None,
+        ping_interval_s: float | None = 5.0,  # EventStoreSettings' defaults: a silent server noticed within 15 s
         max_outstanding_pings: int = 2,
         inbox_prefix: str = "_INBOX",
     ) -> None:
-        self._inbox_prefix = inbox_prefix
         self._servers = servers
         self._pool = ServerPool()
         self._ping_interval_s = ping_interval_s
         self._max_outstanding_pings = max_outstanding_pings
+        self._inbox_prefix = inbox_prefix
         self._security = security
         self._deadline_s = deadline_s
         self._name = name
