@@ -573,11 +573,13 @@ class OrderedReplay:
         """The open connection, subscribed; a new one when it was lost."""
         if self._conn is not None and not self._conn.closed and not self._conn.suspect:
             return self._conn
-        self._drop_subscription()
         delay = 0.05
         while True:
             try:
-                conn = await self._connect()
+                conn = await self._connect()  # checks a suspect connection before handing it out again
+                if conn is self._conn and self._sid:
+                    return conn  # it answered: the subscription (and the consumer delivering to it) stand
+                self._drop_subscription()
                 self._subject = conn.new_inbox()
                 self._sid = conn.subscribe(self._subject, self._arrivals)
                 self._conn = conn
