@@ -22,6 +22,7 @@ from types import ModuleType
 from typing import Any
 
 import deltalake
+import pytest
 from pyspark.sql import SparkSession
 
 from eventstore import EventStore
@@ -73,6 +74,7 @@ def readme_program() -> str:
     return program
 
 
+@pytest.mark.timeout(900)  # two executor JVMs and a driver on 2 cores: over 5 minutes when the machine is loaded
 async def test_the_readme_spark_submit_line_runs_an_uninstalled_projection_on_separate_executors(
     spark: SparkSession, store: EventStore, tmp_path: Path
 ) -> None:
