@@ -10,8 +10,7 @@ from .boundaries import last_commit_boundary, whole_commits_end
 from .api import API_PREFIX, ErrorCode, Subjects, TRANSIENT_API_ERRORS
 from .not_now import not_now, ride_out_jetstream
 from .replay import Commits, NativeRun, OrderedReplay, Parsed, Part, Scanner, leader_has_message
-from .shared import SharedConnection
-from .transport import BulkConnection, Raw, Receiver
+from .transport import BulkConnection, Raw, Receiver, SharedConnection
 
 __all__ = [
     "API_PREFIX", "BulkConnection", "Commits", "ConsumerAnswer", "DurableConsumer", "ErrorCode", "NativeRun", "OrderedReplay", "Parsed", "Part", "Raw", "Receiver",
