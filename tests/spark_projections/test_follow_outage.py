@@ -40,6 +40,16 @@ async def append(settings: EventStoreSettings, count: int, seed: int) -> int:
         return await history(store, workload(count, 12, seed=seed))
 
 
+def assert_caught_up_once(spark: SparkSession, projection: Movements, settings: EventStoreSettings, root: Path,
+                          rebuilt: Path, last: int) -> None:
+    """The next run catches up to ``last``, and the followed tables equal a rebuild's, each range committed once."""
+    assert follow(spark, projection, settings, root, available_now=True).await_termination(240)
+    assert rebuild(spark, projection, settings, rebuilt).position == last
+    assert delta_rs_rows(root, projection) == delta_rs_rows(rebuilt, projection)
+    positions = [p for _, p in history_positions(root / "movements")]
+    assert positions == sorted(set(positions)) and positions[-1] == last
+
+
 def read_positions(opts: Options, last: int, server: EmbeddedServer, outage_s: float) -> list[int]:
     """Read positions 1..last as a partition does, stopping the server for ``outage_s`` after the first batch."""
     parts = range_parts(opts, 1, last, outage_limit_s=None)
@@ -143,11 +153,7 @@ async def test_a_follower_waits_out_an_outage_longer_than_the_old_give_up_and_de
             if follower.active:
                 follower.query.stop()
         server.start()
-        assert follow(spark, projection, settings, root, available_now=True).await_termination(240)
-        assert rebuild(spark, projection, settings, tmp_path / "rebuilt").position == last
-        assert delta_rs_rows(root, projection) == delta_rs_rows(tmp_path / "rebuilt", projection)
-        positions = [p for _, p in history_positions(root / "movements")]
-        assert positions == sorted(set(positions)) and positions[-1] == last  # each range committed once
+        assert_caught_up_once(spark, projection, settings, root, tmp_path / "rebuilt", last)
     finally:
         server.stop()
     # A stop that cut a micro-batch short used to kill Spark's thread with a StackOverflowError (thousands of lines).
@@ -185,11 +191,7 @@ async def test_a_follower_past_the_outage_limit_fails_naming_the_server_and_its_
         # Nothing of the batch that failed was written: the tables are at most where the last finished batch ended.
         assert history_positions(root / "movements")[-1][1] <= batch_end(checkpoint, finished - 1)
         server.start()
-        assert follow(spark, projection, settings, root, available_now=True).await_termination(240)
-        assert rebuild(spark, projection, settings, tmp_path / "rebuilt").position == last
-        assert delta_rs_rows(root, projection) == delta_rs_rows(tmp_path / "rebuilt", projection)
-        positions = [p for _, p in history_positions(root / "movements")]
-        assert positions == sorted(set(positions)) and positions[-1] == last  # each range committed once
+        assert_caught_up_once(spark, projection, settings, root, tmp_path / "rebuilt", last)
     finally:
         server.stop()
 
