@@ -92,6 +92,11 @@ ReactorHandler = Callable[[RecordedEvent], Awaitable[object]]
 """An async function called with one event; it returns when the event's effect is done and raises when not."""
 
 _NS = 1_000_000_000
+
+
+def _nak(delay_s: float) -> bytes:
+    """A negative acknowledgement asking the server to redeliver after ``delay_s`` (at once if not positive)."""
+    return b"-NAK" if delay_s <= 0 else b"-NAK " + json.dumps({"delay": int(delay_s * _NS)}).encode()
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
@@ -493,9 +498,10 @@ class ReactorWorker:
     def stop(self) -> None:
         """Ask ``run()`` to return: it takes no new messages and finishes (and acknowledges) the ones in hand.
 
-        Messages its open pull requests still bring are handed back at once
-        (``-NAK``), so another worker gets them without waiting ``ack_wait_s``;
-        ``run()`` returns once those requests have ended (``pull_expires_s``).
+        Messages its open pull requests still bring are handed back, for
+        redelivery once those requests have expired, so another worker gets
+        them without waiting ``ack_wait_s``; ``run()`` returns once those
+        requests have ended (``pull_expires_s``).
 
         A stopped worker stays stopped: ``run()`` called after ``stop()`` returns at once.
         """
@@ -569,7 +575,7 @@ class ReactorWorker:
         and the server delivers to it even after this worker stopped listening:
         those messages would wait ``ack_wait_s`` for another worker. So the
         worker listens until its requests have ended (at most ``pull_expires_s``),
-        returning each late message at once (``-NAK``).
+        handing each late message back (see :meth:`_hand_back`).
         """
         while True:
             while self._tasks:
@@ -715,7 +721,7 @@ class ReactorWorker:
         meta = msg.metadata
         position, delivery = meta.sequence.stream, meta.num_delivered
         if self._stopping:
-            await self._reply(msg, b"-NAK")  # arrived after stop(): hand it straight to another worker
+            await self._hand_back(msg)  # arrived after stop(): for another worker
             return
         self._delivered.inc()
         if delivery > 1:
@@ -736,7 +742,7 @@ class ReactorWorker:
         except PoisonEvent as exc:
             await self._dead_letter(msg, DeadLetterReason.POISON, exc, position, delivery)
         except asyncio.CancelledError:
-            await self._reply(msg, b"-NAK")  # cancelled worker: let another worker have it now
+            await self._hand_back(msg)  # cancelled worker: for another worker
             raise
         except Exception as exc:  # noqa: BLE001 - any handler failure is a retry; the verdict is the server's
             if delivery >= self.reactor.max_deliver:
@@ -748,9 +754,20 @@ class ReactorWorker:
                     self.reactor.name, position, delivery, self.reactor.max_deliver, delay, exc,
                 )
                 self.stats.retried += 1
-                await self._reply(msg, b"-NAK " + json.dumps({"delay": int(delay * _NS)}).encode())
+                await self._reply(msg, _nak(delay))
         finally:
             self._flights.pop(reply, None)
+
+    async def _hand_back(self, msg: Msg) -> None:
+        """Return a message to the server for another worker, not to this worker's requests that are still open.
+
+        The server serves a returned message to the oldest open pull request, and this worker's requests stay
+        open until they expire: a plain ``-NAK`` would bring the message straight back here, again and again
+        until its ``max_deliver`` was spent and it was dead-lettered unhandled. So it is returned with a delay
+        that outlasts them (at most ``pull_expires_s`` + 1 s).
+        """
+        open_until = max((p.deadline for p in self._pulls.values()), default=0.0)
+        await self._reply(msg, _nak(open_until - time.monotonic()))
 
     async def _reply(self, msg: Msg, body: bytes) -> None:
         """Send a verdict without waiting for the server (a lost one only causes a redelivery)."""
@@ -780,7 +797,7 @@ class ReactorWorker:
         except DeadLetterStreamError as dlq_exc:
             # Keep the event: retry it later; on its last delivery the max-deliveries advisory tries again.
             log.error("reactor %s: %s; the event stays pending", self.reactor.name, dlq_exc)
-            await self._reply(msg, b"-NAK " + json.dumps({"delay": int(self.reactor.retry_delay_s(delivery) * _NS)}).encode())
+            await self._reply(msg, _nak(self.reactor.retry_delay_s(delivery)))
             return
         await self._reply(msg, b"+TERM " + f"{reason.value}: {error}"[:500].encode())
         if stored:
