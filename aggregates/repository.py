@@ -133,7 +133,10 @@ class Repository(Generic[A]):
         than ``version``) and :class:`InvalidAggregateIdError` for an id that
         cannot name a stream; ``version`` must be None or an int >= 1 (versions
         count events from 1), else :class:`~eventstore.InvalidArgumentError`.
-        The returned object is yours: changing it changes nothing stored until
+        An aggregate whose stored history has a hole (a commit deleted or
+        purged, a forged commit), before or after its snapshot or cached copy,
+        raises :class:`~eventstore.HistoryGapError`: it is never built on part
+        of its events. The returned object is yours: changing it changes nothing stored until
         you save it. An id is a ``str`` or a :class:`uuid.UUID` (stored as its
         canonical text, so both name the same aggregate).
         """

@@ -59,9 +59,9 @@ from pydantic import BaseModel
 
 from .errors import (
     ConcurrencyError,
-    EventDecodeError,
     EventStoreError,
     EventTooLargeError,
+    HistoryGapError,
     InvalidArgumentError,
     InvalidEventError,
     ServerUnavailableError,
@@ -69,6 +69,7 @@ from .errors import (
     StreamConfigError,
 )
 from .events import ANY, NO_STREAM, AppendResult, ExpectedVersion, StreamState
+from .history import check_history, commit_place
 from .jetstream.inbox import Inbox
 from .jetstream.api import ErrorCode, Subjects
 from .registry import TypeRegistry
@@ -143,6 +144,21 @@ class LeaderWait:
         await asyncio.sleep(min(left, random.uniform(self._step / 2, self._step)))
         self._step = min(self._step * 2, 1.0)
         return True
+
+
+def _lost_reply(msgs: list[Msg]) -> bool:
+    """Whether a direct get batch's answer lacks a message: the server names in each message the sequence of
+    the one it sent before (``Nats-Last-Sequence``, 0 for the first) and in the closing status the last one."""
+    before = "0"
+    for msg in msgs:
+        headers = msg.headers or {}
+        named = headers.get(Header.LAST_SEQUENCE)
+        if named is None:
+            return False  # a single get, a "no results" status, or a server that does not say
+        if named != before:
+            return True
+        before = headers.get(Header.SEQUENCE, "")
+    return False
 
 
 def _no_responders(msg: Msg) -> bool:
@@ -327,6 +343,9 @@ class Appender:
         # stream -> (version, position, back pointers of the commit at position, when known)
         self._known: OrderedDict[StreamId, tuple[int, int, tuple[int, ...] | None]] = OrderedDict()
         self._cache_size = cache_size
+        # Entities a load of this store found broken (a hole, a forged commit): appends and lookups read them
+        # whole again first, so nothing is built on them until the stream is repaired.
+        self._broken: OrderedDict[StreamId, None] = OrderedDict()
 
     # -- entity state cache -------------------------------------------------
 
@@ -345,10 +364,30 @@ class Appender:
         if len(self._known) > self._cache_size:
             self._known.popitem(last=False)
 
+    def mark_broken(self, stream_id: StreamId) -> None:
+        """Note that a load found the entity's history broken: forget its state, and until a load from its start
+        reads it whole, let :meth:`state` and every append read it whole first (and raise while it is not)."""
+        self._known.pop(stream_id, None)
+        self._broken[stream_id] = None
+        self._broken.move_to_end(stream_id)
+        if len(self._broken) > self._cache_size:
+            self._broken.popitem(last=False)
+
+    def mark_whole(self, stream_id: StreamId) -> None:
+        """Note that a load read the entity whole from its start (undoes :meth:`mark_broken`)."""
+        self._broken.pop(stream_id, None)
+
+    async def _recheck(self, stream_id: StreamId) -> None:
+        """Raise :class:`HistoryGapError` while an entity a load found broken still is (see :meth:`mark_broken`)."""
+        if self._broken and stream_id in self._broken:
+            await self.commits(stream_id, what=f"Checking the history of {stream_id}")  # pops it when whole
+
     async def direct_get(self, payload: dict[str, object], *, what: str) -> list[Msg]:
         """One direct get batch request for the operation ``what``; returns the data messages (not the status).
 
-        Retried while nobody answers (a replicated stream between leaders), up to ``request_timeout_s``.
+        Retried while nobody answers (a replicated stream between leaders), and when a message of the answer
+        was lost on the way (each names the one sent before it), up to ``request_timeout_s``: an answer short of
+        a message is never taken for a shorter history.
         """
         wait = LeaderWait(self._settings.request_timeout_s)
         while True:
@@ -359,6 +398,13 @@ class Appender:
                 what=what,
                 many=True,
             )
+            if _lost_reply(msgs):
+                if await wait.again():
+                    continue
+                raise ServerUnavailableError(
+                    f"{what}: messages of the server's answers were lost on the way for {self._settings.request_timeout_s}s "
+                    "(a lossy connection or an overloaded client). Nothing was read; retry, and check the network."
+                )
             if not _no_responders(msgs[-1]):
                 break
             await self._await_leader(wait, what)
@@ -369,12 +415,16 @@ class Appender:
 
     async def state(self, stream_id: StreamId) -> StreamState:
         """The entity's current version and last position, read from the server (0, 0 without events)."""
+        await self._recheck(stream_id)
         subject = stream_id.subject(self._settings.subject_prefix)
         msgs = await self.direct_get({"multi_last": [subject], "batch": 1}, what=f"Reading the version of {stream_id}")
         if not msgs:
             return StreamState(stream_id, 0, 0)
         headers = msgs[0].headers or {}
-        state = StreamState(stream_id, commit_version(headers, stream_id), int(headers[Header.SEQUENCE]))
+        position = int(headers[Header.SEQUENCE])
+        # A foreign message, or a commit that contradicts itself (a forged restart), is nothing to build on.
+        _, version, _ = commit_place(stream_id, position, headers)
+        state = StreamState(stream_id, version, position)
         self.remember(stream_id, state.version, state.position, commit_previous(headers, stream_id))
         return state
 
@@ -463,8 +513,10 @@ class Appender:
 
         ``how`` picks the method (see the module docs of :mod:`.reading`): "auto" scans a short span or a dense
         entity, as the last commit's back pointers tell, and walks the pointers otherwise.
-        Raises :class:`EventDecodeError` naming the position when a back pointer leads off the entity or the
-        versions of the commits read do not follow each other.
+        Checked by :func:`~.history.check_history` before anything is remembered: a back pointer leading off
+        the entity, versions that do not run on (from 1, when reading from the start), or pointers that skip a
+        commit raise :class:`HistoryGapError` naming the position (the reader retries it through the stream's
+        leader); a foreign message raises :class:`EventDecodeError`.
         """
         subject = stream_id.subject(self._settings.subject_prefix)
         what = what or f"Reading {stream_id}"
@@ -479,28 +531,42 @@ class Appender:
             and len(previous) == PREVIOUS_COMMITS
             and position - previous[-1] <= PREVIOUS_COMMITS * _SCAN_SPAN_PER_COMMIT
         )
-        self.remember(stream_id, commit_version(newest.headers, stream_id), position, previous)
         if how == "scan" or (how == "auto" and (position - from_position <= _SCAN_SPAN or dense)):
-            return await self._scan(subject, from_position, newest, what)
+            found = await self._scan(subject, from_position, newest, what)
+        else:
+            found = await self._walk(stream_id, subject, from_position, newest, what)
+        # Only a whole history is remembered: the next append must never build on one with a hole.
+        check_history(stream_id, [(int((m.headers or {})[Header.SEQUENCE]), m.headers) for m in found],
+                      due=1 if from_position <= 1 else None)
+        if from_position <= 1 and self._broken:
+            self.mark_whole(stream_id)
+        self.remember(stream_id, commit_version(newest.headers, stream_id), position, previous)
+        return found
+
+    async def _walk(self, stream_id: StreamId, subject: str, from_position: int, newest: Msg, what: str) -> list[Msg]:
+        """The entity's commits from ``from_position`` up to ``newest`` (inclusive), by their back pointers."""
         walked = [newest]  # newest first
+        previous = commit_previous(newest.headers, stream_id)
         while True:
             if previous is None:  # a commit written before back pointers: scan what lies below it
                 older = await self._scan(subject, from_position, walked[-1], what)
-                return older[:-1] + self._checked(stream_id, walked[::-1], reaches_start=False)
+                return older[:-1] + walked[::-1]
             wanted = [p for p in previous if p >= max(1, from_position)]
-            pointing = (walked[-1].headers or {}).get(Header.SEQUENCE)
+            pointing = int((walked[-1].headers or {})[Header.SEQUENCE])
             if wanted:
                 got = await self.get_each(wanted, what=what)
                 for p, msg in zip(wanted, got):
                     if msg is None or (msg.headers or {}).get(Header.SUBJECT) != subject:
-                        raise EventDecodeError(
-                            f"The back pointer of the commit at position {pointing} on {stream_id} leads to position {p}, "
-                            "which holds no commit of that entity: the stream was altered or written by another "
-                            "program. Keep foreign messages off the event subjects."
+                        # Deleted, not yet on the replica that answered, or a forged pointer: the reader retries
+                        # through the stream's leader, which tells them apart.
+                        raise HistoryGapError(
+                            stream_id, pointing, None,
+                            f"the back pointer of the commit there leads to position {p}, which holds no commit of "
+                            "that entity",
                         )
                     walked.append(msg)
             if len(wanted) < len(previous):  # reached from_position, or the entity's start (a 0)
-                return self._checked(stream_id, walked[::-1], reaches_start=previous[len(wanted)] == 0)
+                return walked[::-1]
             previous = commit_previous(walked[-1].headers, stream_id)
 
     async def _scan(self, subject: str, from_position: int, newest: Msg, what: str) -> list[Msg]:
@@ -514,23 +580,6 @@ class Appender:
                 found.append(msg)
         return [*found, newest]
 
-    @staticmethod
-    def _checked(stream_id: StreamId, msgs: list[Msg], *, reaches_start: bool) -> list[Msg]:
-        """``msgs`` (oldest first) if their versions follow each other, from version 1 when they reach the start."""
-        expected_first = 1 if reaches_start else None
-        for msg in msgs:
-            headers = msg.headers or {}
-            last = commit_version(headers, stream_id)
-            first = last - headers.get(Header.TYPE, "").count(",")
-            if expected_first is not None and first != expected_first:
-                raise EventDecodeError(
-                    f"The commit at position {headers.get(Header.SEQUENCE)} on {stream_id} holds versions {first} to "
-                    f"{last}, but version {expected_first} was due: a back pointer skips or repeats commits (the "
-                    "stream was altered or written by another program)."
-                )
-            expected_first = last + 1
-        return msgs
-
     # -- building commits ---------------------------------------------------
 
     async def _resolve_previous(self, commit: _Commit) -> None:
@@ -540,6 +589,7 @@ class Appender:
         if expected is NO_STREAM or expected == 0:
             commit.prev_version, commit.prev_position = 0, 0
             return
+        await self._recheck(request.stream_id)
         if isinstance(expected, int) and request.expected_position is not None:
             commit.prev_version, commit.prev_position = expected, request.expected_position
             return

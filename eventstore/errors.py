@@ -11,6 +11,7 @@ what was wrong and what to do about it::
     │   └── EventTooLargeError    a commit exceeds the server's max payload
     ├── UnknownEventTypeError     a stored event's type is not registered
     ├── EventDecodeError          a stored payload does not validate against its model
+    │   └── HistoryGapError       an entity's stored commits do not run 1, 2, 3, ...: some are missing or forged
     ├── ServerUnavailableError    the server cannot be reached or did not answer in time
     │   ├── AuthenticationError   the server rejected the credentials, or TLS failed: retrying cannot help
     │   └── StorageError          the server answers but cannot store: its storage is full, at its limit or failing
@@ -42,6 +43,7 @@ __all__ = [
     "EventDecodeError",
     "EventStoreError",
     "EventTooLargeError",
+    "HistoryGapError",
     "ImportPathError",
     "InvalidArgumentError",
     "InvalidEventError",
@@ -110,6 +112,31 @@ class UnknownEventTypeError(EventStoreError, LookupError):
 
 class EventDecodeError(EventStoreError):
     """A stored payload could not be turned into its registered model."""
+
+
+class HistoryGapError(EventDecodeError):
+    """An entity's stored history is not whole: a commit is missing (deleted, purged, lost in a restore), or a
+    commit claims a place in it that the others deny (a forged version or back pointer). Nothing was returned.
+
+    Raised by every load (``read``, ``Repository.get``, the snapshot and the tail after it) after the read was
+    retried through the stream's leader, and by ``state``/``version``/``append`` when the entity's last commit
+    contradicts itself. ``stream_id`` is the entity, ``position`` the stream position of the commit where the
+    break was found, ``version`` the entity's version that was due there (None when unknown), ``problem`` what
+    was found there. The stream must be
+    repaired (restore the missing commits from a backup) before the entity can be loaded or appended to.
+    """
+
+    def __init__(self, stream_id: "StreamId", position: int | None, version: int | None, problem: str) -> None:
+        self.stream_id = stream_id
+        self.position = position
+        self.version = version
+        self.problem = problem
+        super().__init__(
+            f"Broken history at position {position if position is not None else '?'} on {stream_id}: "
+            f"{problem}. Nothing was loaded and nothing will be appended to it: a load never returns a history "
+            "with a hole. Commits were deleted, purged or lost in a restore, or written by another program; "
+            "restore the stream from a backup (or re-publish the missing commits), then retry."
+        )
 
 
 class ServerUnavailableError(EventStoreError, ConnectionError):

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from pydantic import BaseModel
 
+from .errors import EventDecodeError
 from .streams import StreamId
 
 if TYPE_CHECKING:
@@ -82,8 +83,18 @@ class RecordedEvent(NamedTuple):
 
     @property
     def recorded_at(self) -> datetime:
-        """When the event was appended (UTC, set by the appending client)."""
-        return datetime.fromisoformat(self.recorded_at_text)
+        """When the event was appended (UTC, set by the appending client).
+
+        Raises :class:`~eventstore.EventDecodeError` naming the position when the stored ``Es-Recorded-At`` is
+        not an RFC 3339 time (a commit jetsourcing did not write)."""
+        try:
+            return datetime.fromisoformat(self.recorded_at_text)
+        except ValueError:
+            raise EventDecodeError(
+                f"The event at position {self.position} on {self.stream_id} has no valid Es-Recorded-At header "
+                f"({self.recorded_at_text[:40]!r}): it was not written by jetsourcing. Keep foreign messages off "
+                "the event subjects."
+            ) from None
 
     @property
     def metadata(self) -> dict[str, str]:

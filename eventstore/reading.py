@@ -18,6 +18,14 @@
   for the entity's last position (a message get, which only the leader
   answers), and reads up to it: with the walk when the replica that answers
   has it, else through an ordered consumer that waits for its replica.
+  Whatever the path, what a load returns is checked whole
+  (:mod:`.history`): versions run on from 1 (or from the snapshot's commit),
+  and each commit's back pointer and server-checked expected sequence name
+  the commit read before it. A load that finds a hole (a commit deleted, a
+  replica that answered short, a reply lost) is read again through the
+  leader's last position and an ordered consumer; a hole still there raises
+  :class:`~.errors.HistoryGapError`. A load never returns a history with a
+  hole, and never remembers one for the next append.
 * :meth:`Reader.replay` (and :meth:`Reader.read_all`, :meth:`Reader.subscribe`
   on it) replays the stream in order with
   :class:`~eventstore.jetstream.replay.OrderedReplay` over the store's bulk-read
@@ -26,6 +34,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Collection, Sequence
 from typing import NamedTuple
 
@@ -34,7 +43,8 @@ from nats.aio.msg import Msg
 from nats.js.errors import NotFoundError
 
 from .append import Appender
-from .errors import map_nats_error
+from .errors import HistoryGapError, map_nats_error
+from .history import check_history
 from .jetstream.replay import Commits, NativeRun, OrderedReplay, Parsed, Part, Scanner
 from .jetstream.transport import SharedConnection
 from .events import RecordedEvent
@@ -43,9 +53,11 @@ from .settings import EventStoreSettings
 from .streams import StreamId, filter_subjects
 from . import native
 from .native import parse_header_lines
-from .wire import Header, decode_commit
+from .wire import Header, commit_previous, decode_commit
 
 __all__ = ["Reader", "Replayed", "StoredMessage"]
+
+log = logging.getLogger("jetsourcing.eventstore")
 
 _MAX_CACHED_STREAMS = 100_000
 
@@ -125,14 +137,44 @@ class Reader:
         from_position: int = 1,
         consistent: bool = False,
     ) -> list[RecordedEvent]:
-        """One entity's events with ``from_version <= version <= to_version``, in order.
+        """One entity's events with ``from_version <= version <= to_version``, in order, without a hole.
 
         ``from_position`` may name a position at or before the first wanted
         commit (a snapshot's position) to skip the entity's older commits.
+        What is read is checked (:func:`~.history.check_history`): versions
+        run on from 1 (or from the first commit after ``from_position``) up to
+        the entity's last commit, each commit pointing back to the one before,
+        and the first wanted version is there. A read that finds a hole is
+        done again through the stream's leader (a replica may have answered
+        short, or a reply was lost); if the hole is still there,
+        :class:`HistoryGapError` names the entity and the position.
         """
+        try:
+            events = await self._load(stream_id, from_position, from_version, consistent)
+        except HistoryGapError as exc:
+            log.warning("Reading %s found its history broken at position %s (%s); reading it again through the "
+                        "stream's leader.", stream_id, exc.position, exc.problem)
+            try:
+                events = await self._load(stream_id, from_position, from_version, None)
+            except HistoryGapError:
+                self._appender.mark_broken(stream_id)  # nothing is appended on it until it reads whole
+                raise
+        if from_version > 1 or to_version is not None:
+            high = to_version if to_version is not None else events[-1].version if events else 0
+            events = [e for e in events if from_version <= e.version <= high]
+        return events
+
+    async def _load(
+        self, stream_id: StreamId, from_position: int, from_version: int, consistent: bool | None
+    ) -> list[RecordedEvent]:
+        """The entity's checked events from ``from_position`` on: by direct gets (``consistent`` False), up to
+        the leader's last commit (True), or through an ordered consumer up to it (None)."""
         subject = stream_id.subject(self._prefix)
         events: list[RecordedEvent] = []
-        if consistent:
+        if consistent is False:
+            self._decode_commits(stream_id, await self._appender.commits(stream_id, from_position=from_position), events)
+            # (commits() checked the history, and remembered the entity's last commit for the next append)
+        else:
             # The entity's last position as the stream's leader knows it (a message get), then the usual walk,
             # whose direct gets any replica answers: if that replica lags the leader, an ordered consumer reads
             # up to the leader's position instead (it waits for its own replica to catch up).
@@ -145,22 +187,44 @@ class Reader:
             last = int(newest.seq or 0)
             if last < from_position:
                 return []
-            msgs = await self._appender.commits(stream_id, from_position=from_position)
+            msgs = await self._appender.commits(stream_id, from_position=from_position) if consistent else []
             if msgs and int((msgs[-1].headers or {})[Header.SEQUENCE]) >= last:
                 self._decode_commits(stream_id, msgs, events)
             else:
-                pull = self._replay(from_position, last, [subject], what=f"Reading {stream_id}")
-                async for parts in pull.batches():
-                    events += self._decode(parts, None)[0]
-                if events:
-                    self._appender.remember(stream_id, events[-1].version, events[-1].position)
-        else:
-            self._decode_commits(stream_id, await self._appender.commits(stream_id, from_position=from_position), events)
-            # (commits() remembered the entity's last commit for the next append)
-        if from_version > 1 or to_version is not None:
-            high = to_version if to_version is not None else events[-1].version if events else 0
-            events = [e for e in events if from_version <= e.version <= high]
+                await self._read_ordered(stream_id, subject, from_position, last, events)
+        if from_version > 1 and events and events[0].version > from_version:
+            # Read from a position at or before the first wanted commit (a snapshot's, or an aggregate's own):
+            # the commit holding from_version is missing.
+            raise HistoryGapError(
+                stream_id, events[0].position, from_version,
+                f"the first commit after position {from_position} holds version {events[0].version}, but version "
+                f"{from_version} was asked for: it is missing",
+            )
         return events
+
+    async def _read_ordered(
+        self, stream_id: StreamId, subject: str, from_position: int, last: int, events: list[RecordedEvent]
+    ) -> None:
+        """The entity's commits from ``from_position`` to ``last`` through an ordered consumer, checked, as events."""
+        pull = OrderedReplay(
+            self._replays.get, self._settings.stream, start_seq=from_position, stop_seq=last,
+            filter_subjects=[subject], api_timeout_s=self._settings.request_timeout_s, what=f"Reading {stream_id}",
+            scanner=_SCANNER,
+        )
+        commits: list[tuple[int, dict[str, str], bytes]] = []
+        async for parts in pull.batches():
+            for part in parts:
+                assert isinstance(part, Commits | Parsed)
+                blocks = part.headers if isinstance(part, Parsed) else map(parse_header_lines, part.headers)
+                commits += [(seq, headers or {}, body) for seq, headers, body in zip(part.positions, blocks, part.bodies)]
+        check_history(stream_id, [(seq, headers) for seq, headers, _ in commits], due=1 if from_position <= 1 else None)
+        for seq, headers, body in commits:
+            events.extend(decode_commit(stream_id, seq, headers, body, self._registry))
+        if from_position <= 1:
+            self._appender.mark_whole(stream_id)
+        if commits:
+            seq, headers, _ = commits[-1]
+            self._appender.remember(stream_id, events[-1].version, seq, commit_previous(headers, stream_id))
 
     def _decode_commits(self, stream_id: StreamId, msgs: list[Msg], events: list[RecordedEvent]) -> None:
         for msg in msgs:

@@ -97,6 +97,7 @@ class Header:
     SEQUENCE: Final = "Nats-Sequence"
     SUBJECT: Final = "Nats-Subject"
     NUM_PENDING: Final = "Nats-Num-Pending"
+    LAST_SEQUENCE: Final = "Nats-Last-Sequence"  # in a direct get batch: the message sent before this one
     # Ours.
     TYPE: Final = "Es-Type"
     SCHEMA_VERSION: Final = "Es-Schema-Version"
@@ -287,7 +288,7 @@ def decode_commit(
     assert headers is not None
     try:
         last_version = int(headers[_VERSION])
-        recorded_at = headers.get(_RECORDED_AT, "")
+        recorded_at = headers[_RECORDED_AT]
         correlation_id = headers.get(_CORRELATION_ID)
         causation_id = headers.get(_CAUSATION_ID)
         escaped_key = headers.get(_IDEMPOTENCY_KEY)
@@ -316,7 +317,12 @@ def decode_commit(
             )
             for i in range(count)
         ]
-    except (KeyError, ValueError) as exc:
+    except KeyError as exc:
+        raise EventDecodeError(
+            f"Malformed commit at position {position} on {stream_id}: it has no {exc} header, so it was not written "
+            "by jetsourcing. Keep foreign messages off the event subjects."
+        ) from exc
+    except ValueError as exc:
         raise EventDecodeError(f"Malformed commit at position {position} on {stream_id}: {exc}") from exc
 
 
