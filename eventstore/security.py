@@ -17,14 +17,16 @@ when the settings are made, so a wrong path fails at once, naming the setting.
 
 from __future__ import annotations
 
+import re
 import ssl
 from pathlib import Path
 from typing import Any, Self
-from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
-__all__ = ["ConnectionSecurity", "check_url_credentials", "connect_options", "redact_url", "tls_context"]
+__all__ = [
+    "ConnectionSecurity", "ReplaySecurity", "check_url_credentials", "connect_options", "redact_url", "tls_context",
+]
 
 _FILES = ("nkey_seed_file", "credentials_file", "tls_ca_file", "tls_cert_file", "tls_key_file")
 
@@ -94,6 +96,20 @@ class ConnectionSecurity(BaseModel):
         """The fields that are set, as strings, secrets included: the ``jetstream`` data source's options."""
         values = self.model_dump(include=set(ConnectionSecurity.model_fields), exclude_none=True)
         return {k: v.get_secret_value() if isinstance(v, SecretStr) else str(v) for k, v in values.items()}
+
+
+class ReplaySecurity(ConnectionSecurity):
+    """:class:`ConnectionSecurity` plus the nats-py connect options that the replays' bulk-read connection honours
+    too (see :mod:`eventstore.nats_options`): a TLS context of the caller's, TLS before the server's INFO, and the
+    prefix of its reply subjects."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True, arbitrary_types_allowed=True)
+
+    tls: ssl.SSLContext | None = Field(default=None, repr=False, description="nats-py's tls=: used as given.")
+    tls_handshake_first: bool = Field(default=False, description="nats-py's tls_handshake_first=: TLS before INFO.")
+    inbox_prefix: str = Field(
+        default="_INBOX", pattern=r"^[^\s*>]+$", description="nats-py's inbox_prefix=: the replies' subject prefix."
+    )
 
 
 def _pairing_problems(security: ConnectionSecurity) -> list[str]:
@@ -169,6 +185,8 @@ def tls_context(security: ConnectionSecurity) -> ssl.SSLContext | None:
     requires it, or to a ``tls://`` URL, trusting the system store. Raises
     :class:`ValueError`, naming the setting, when a file cannot be loaded.
     """
+    if isinstance(security, ReplaySecurity) and security.tls is not None:
+        return security.tls  # the caller's own context, passed to connect() as tls=
     ca, cert, key = security.tls_ca_file, security.tls_cert_file, security.tls_key_file
     if ca is None and cert is None:
         return None
@@ -222,21 +240,40 @@ def connect_options(security: ConnectionSecurity) -> dict[str, Any]:
 def check_url_credentials(url: str | None, security: ConnectionSecurity) -> None:
     """Raise :class:`ValueError` if ``url`` carries credentials and ``security`` names a way to authenticate too."""
     methods = security.authentication()
-    if url and methods and any(urlsplit(u.strip()).username for u in url.split(",")):
+    if url and methods and any(_split_userinfo(u)[1] for u in url.split(",")):
         raise ValueError(
             f"The server URL carries credentials (user:password@ or token@) and {methods[0]} is set too: "
             "give them one way only."
         )
 
 
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def _split_userinfo(url: str) -> tuple[str, str, str]:
+    """``url`` as (scheme with its ``://`` or "", the userinfo before the last ``@`` or "", the rest).
+
+    nats-py takes a URL with or without a scheme (``user:secret@host:4222``
+    is ``nats://user:secret@host:4222``); everything before the last ``@`` is
+    taken as credentials, even what a URL parser would read as a path (a
+    password holding ``/``, ``?`` or ``#``), so that no part of one is shown.
+    """
+    url = url.strip()
+    scheme = found.group(0) if (found := _SCHEME.match(url)) else ""
+    userinfo, _, rest = url[len(scheme) :].rpartition("@")
+    return scheme, userinfo, rest
+
+
 def redact_url(url: str) -> str:
-    """``url`` (one or comma-separated) with any password or token in it replaced by ``***``, for messages."""
+    """``url`` (one or comma-separated, each with or without a scheme, as nats-py takes them) with any password
+    or token in it replaced by ``***``, for messages and logs: ``user:secret@host:4222`` is shown as
+    ``user:***@host:4222``, ``nats://token@host`` as ``nats://***@host``."""
     redacted = []
     for part in url.split(","):
-        split = urlsplit(part.strip())
-        if split.username is None:
+        scheme, userinfo, rest = _split_userinfo(part)
+        if userinfo:
+            user, colon, _ = userinfo.partition(":")
+            redacted.append(f"{scheme}{user + ':***' if colon else '***'}@{rest}")
+        else:
             redacted.append(part.strip())
-            continue
-        hidden = f"{split.username}:***" if split.password is not None else "***"
-        redacted.append(split._replace(netloc=f"{hidden}@{split.netloc.rpartition('@')[2]}").geturl())
     return ",".join(redacted)

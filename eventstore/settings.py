@@ -16,14 +16,15 @@ The fields that secure the connection (``user``, ``password``, ``token``,
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
 from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .errors import InvalidArgumentError
-from .security import ConnectionSecurity, check_url_credentials
+from .security import ConnectionSecurity, check_url_credentials, redact_url
 
 __all__ = ["EventStoreSettings"]
 
@@ -74,6 +75,11 @@ class EventStoreSettings(BaseSettings, ConnectionSecurity):
     def _one_set_of_credentials(self) -> Self:
         check_url_credentials(self.nats_url, self)
         return self
+
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        # The URL may carry a password or token (the other secrets are SecretStr): reprs and logs show it redacted.
+        for name, value in super().__repr_args__():
+            yield name, redact_url(value) if name == "nats_url" and value else value
 
     def require_server(self, why: str) -> Self:
         """These settings, if they name a server; else :class:`~eventstore.InvalidArgumentError` saying ``why`` an

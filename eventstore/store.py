@@ -35,7 +35,7 @@ from nats.js.errors import NotFoundError
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 from pydantic import BaseModel
 
-from . import security
+from . import nats_options, security
 from .append import Appender, EntityAppend
 from .connection import connect as connect_nats
 from .errors import AuthenticationError, InvalidArgumentError, ServerUnavailableError, StreamConfigError, map_nats_error
@@ -45,8 +45,10 @@ from .jetstream.api import ErrorCode, Subjects
 from .jetstream.durable import DurableConsumer
 from .jetstream.not_now import ride_out_jetstream
 from .jetstream.transport import SharedConnection
+from .nats_options import check_tcp_urls, options_of
 from .reading import Reader, Replayed, StoredMessage
 from .registry import TypeRegistry
+from .security import ReplaySecurity
 from .server import EmbeddedServer
 from .settings import EventStoreSettings
 from .stream_check import config_problems
@@ -181,15 +183,22 @@ class EventStore:
         registry: TypeRegistry | None = None,
         *,
         server: EmbeddedServer | None = None,
+        replay_security: ReplaySecurity | None = None,
     ) -> None:
         self.nc = nc
         self.settings = settings or EventStoreSettings()
+        # The replays' own connection must reach the server as nc does: with nc's credentials and TLS (its public
+        # options), over TCP. replay_security, when given, says how instead (connect() passes its options'). Raises
+        # InvalidArgumentError for what replays could not honour, rather than failing at the first replay.
+        connected = nc.connected_url
+        check_tcp_urls(self.settings.nats_url or (connected.geturl() if connected is not None and not server else None))
+        replay_security = replay_security or nats_options.replay_security(self.settings, options_of(nc))
         self.registry = registry or TypeRegistry()
         self.server = server
         self._inbox = Inbox(nc)
         self._appender = Appender(nc, self._inbox, self.settings, self.registry)
         self._replays = SharedConnection(
-            self._servers, self.settings, self.settings.request_timeout_s, f"{self.settings.connect_name}-replay"
+            self._servers, replay_security, self.settings.request_timeout_s, f"{self.settings.connect_name}-replay"
         )
         self._reader = Reader(nc, self._appender, self.settings, self.registry, self._replays)
         self._connection_log: _ConnectionLog | None = None  # set by connect(), which owns the callbacks
@@ -223,7 +232,11 @@ class EventStore:
         EventStore.connect() as store:``. The connection reconnects forever
         after a lost connection or a server restart. ``long_running`` and
         ``stop`` say how long the stream check waits out an election (see
-        :meth:`ensure_stream`). Extra keyword arguments go to :func:`nats.connect`.
+        :meth:`ensure_stream`). Extra keyword arguments go to :func:`nats.connect`; those that carry credentials or
+        TLS (``user``, ``password``, ``token``, ``nkeys_seed``, ``user_credentials``, ``tls``, ``tls_hostname``,
+        ``tls_handshake_first``) and ``inbox_prefix`` reach the replays' connection too, and the few it could not
+        honour (``signature_cb``, ``user_jwt_cb``, ``nkeys_seed_str``, ``servers``) are refused, as are ``ws://``
+        URLs, with :class:`~eventstore.InvalidArgumentError` (see :mod:`eventstore.nats_options`).
         """
         return _Connecting(cls._connect(settings, registry, create_stream, connect_options, long_running, stop))
 
@@ -238,6 +251,9 @@ class EventStore:
         stop: asyncio.Event | None = None,
     ) -> "EventStore":
         settings = settings or EventStoreSettings()
+        # Refused before anything connects: options the replays' connection could not honour, websocket URLs.
+        check_tcp_urls(settings.nats_url)
+        replays = nats_options.replay_security(settings, connect_options)
         server = None
         url = settings.nats_url
         if url is None:
@@ -275,7 +291,7 @@ class EventStore:
         connection_log.nc = nc
         if "max_reconnect_attempts" not in connect_options:
             nc.reconnect_forever()
-        store = cls(nc, settings, registry, server=server)
+        store = cls(nc, settings, registry, server=server, replay_security=replays)
         store._connection_log = connection_log
         if create_stream:
             try:

@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from eventstore import ConnectionSecurity
+from eventstore.nats_options import check_tcp_urls
 from eventstore.security import check_url_credentials, redact_url
 from eventstore.streams import filter_subjects, validate_category
 from spark_projections.errors import EventSourceError
@@ -52,6 +53,7 @@ class Options:
         try:
             security = ConnectionSecurity.model_validate(given)
             check_url_credentials(url, security)
+            check_tcp_urls(url)  # the reader speaks NATS over TCP: a ws:// URL would fail on every executor
         except ValidationError as exc:
             raise EventSourceError(f"Connection options: {_problems(exc)}") from None
         except ValueError as exc:

@@ -121,7 +121,7 @@ class BulkConnection(asyncio.Protocol):
         self._pongs: list[asyncio.Future[None]] = []
         self._lost: Exception | None = None
         self._lost_cause: Exception | None = None
-        self._inbox = "_INBOX." + secrets.token_hex(11)
+        self._inbox = f"{getattr(security, 'inbox_prefix', '_INBOX')}." + secrets.token_hex(11)  # ReplaySecurity's
         self._replies = _Replies(f"{self._inbox}.".encode())
         self._requests = 0
         self.url = ""
@@ -166,15 +166,25 @@ class BulkConnection(asyncio.Protocol):
         host, port = parts.hostname or "127.0.0.1", parts.port or 4222
         loop = asyncio.get_running_loop()
         await loop.create_connection(lambda: self, host, port)
-        info = json.loads((await self._line(b"INFO "))[5:])
         context = tls_context(self._security)
+        first = bool(getattr(self._security, "tls_handshake_first", False))  # ReplaySecurity's (nats-py's option)
+        if first:  # TLS at once: the server sends its INFO over it
+            hostname = self._security.tls_hostname or host
+            assert self._transport is not None
+            try:
+                self._transport = await loop.start_tls(
+                    self._transport, self, context or ssl.create_default_context(), server_hostname=hostname
+                )
+            except ssl.SSLError as exc:
+                raise AuthenticationError(f"Could not connect to NATS at {self.url}: the TLS handshake failed ({exc}).") from exc
+        info = json.loads((await self._line(b"INFO "))[5:])
         wants_tls = parts.scheme == "tls" or context is not None
-        if wants_tls and not info.get("tls_required"):
+        if wants_tls and not info.get("tls_required") and not first:
             raise AuthenticationError(
                 f"Could not connect to NATS at {self.url}: the server does not require TLS, but a tls:// URL or the "
                 "tls_* settings ask for it, so nothing was sent to it. Enable TLS on the server, or check the URL."
             )
-        if info.get("tls_required"):
+        if info.get("tls_required") and not first:
             context = context or ssl.create_default_context()
             hostname = self._security.tls_hostname or host
             assert self._transport is not None
@@ -304,17 +314,13 @@ class BulkConnection(asyncio.Protocol):
             # HMSG <subject> <sid> [reply-to] <header bytes> <total bytes>, or MSG <subject> <sid> [reply-to] <bytes>
             headered = view.startswith(b"HMSG ", pos)
             if headered or view.startswith(b"MSG ", pos):
-                eol = find(b"\r\n", pos)
-                if eol < 0:
+                # Read as the native scanner reads it (see _message_line): the line ends at its first CR.
+                eol = find(b"\r", pos)
+                if (size if eol < 0 else eol) - (pos + 4 + headered) >= _MAX_CONTROL_LINE:
+                    raise ValueError(view[pos : pos + 64])
+                if eol < 0 or eol + 1 == size:
                     break
-                parts = view[pos + 4 + headered : eol].split()
-                if not 3 + headered <= len(parts) <= 4 + headered:
-                    raise ValueError(view[pos:eol])
-                subject, sid = parts[0], parts[1]
-                reply = parts[2] if len(parts) == 4 + headered else None
-                start = eol + 2
-                split = start + int(parts[-2]) if headered else start
-                total_len = parts[-1]
+                subject, sid, reply, start, split, end = _message_line(view, pos, eol, headered)
             else:
                 eol = find(b"\r\n", pos)
                 if eol < 0:
@@ -325,9 +331,10 @@ class BulkConnection(asyncio.Protocol):
                 self._control(view[pos:eol])
                 pos = eol + 2
                 continue
-            end = start + int(total_len)
             if end + 2 > size:
                 break
+            if view[end : end + 2] != b"\r\n":
+                raise ValueError(view[pos:eol])  # the size does not end where the message does
             if sid != current:
                 receiver = subs.get(sid)
                 current = sid if receiver is not None else None
@@ -435,16 +442,50 @@ class BulkConnection(asyncio.Protocol):
                 self._transport.close()
 
 
+_MAX_SIZE = 2**63 - 1
+
+
+def _size(token: bytes) -> int:
+    """A message line's byte count: decimal digits only, at most int64 (as ``decimal()`` in ``_native.c``)."""
+    if not 0 < len(token) <= 19 or not token.isdigit() or int(token) > _MAX_SIZE:
+        raise ValueError(token)
+    return int(token)
+
+
+def _message_line(view: bytes, pos: int, eol: int, headered: bool) -> tuple[bytes, bytes, bytes | None, int, int, int]:
+    """The parts of the ``[H]MSG`` line at ``view[pos:eol]``: subject, sid, reply (or None), where the header block,
+    the body and the message's end are. Raises ValueError for anything nats-server does not send, as the native
+    scanner refuses it: a CR without LF, another count of fields, a size that is not a decimal count (``MSG a 9 -40``
+    would send framing backwards) or a header block past the total."""
+    if view[eol + 1] != 10:
+        raise ValueError(view[pos:eol])
+    # Runs of spaces are one separator, as for nats-py, but the subject is what precedes the first space, as for the
+    # scanner: "HMSG  1 ..." has an empty subject for both (not the subject "1").
+    subject, *rest = view[pos + 4 + headered : eol].split(b" ")
+    parts = [subject, *(part for part in rest if part)]
+    if not 3 + headered <= len(parts) <= 4 + headered:
+        raise ValueError(view[pos:eol])
+    start = eol + 2
+    end = start + _size(parts[-1])
+    split = start + _size(parts[-2]) if headered else start
+    if split > end:
+        raise ValueError(view[pos:eol])
+    return parts[0], parts[1], parts[2] if len(parts) == 4 + headered else None, start, split, end
+
+
 def _needed(buf: bytearray) -> int:
-    """The size the message begun in ``buf`` will have, with its line end; 0 when that is not known yet."""
-    eol = buf.find(b"\r\n")
-    if eol < 0:
+    """The size the message begun in ``buf`` will have, with its line end; 0 when that is not known yet (or the
+    line is malformed: framing then refuses it)."""
+    headered = buf.startswith(b"HMSG ")
+    if not (headered or buf.startswith(b"MSG ")):
         return 0
-    op, _, rest = bytes(buf[:eol]).partition(b" ")
-    size = rest.rpartition(b" ")[2]
-    if op not in (b"HMSG", b"MSG") or not size.isdigit():
+    eol = buf.find(b"\r")
+    if eol < 0 or eol + 1 == len(buf):
         return 0
-    return eol + 2 + int(size) + 2
+    try:
+        return _message_line(bytes(buf[: eol + 2]), 0, eol, headered)[5] + 2
+    except ValueError:
+        return 0
 
 
 class SharedConnection:

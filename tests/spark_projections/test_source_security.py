@@ -94,6 +94,11 @@ def test_options_are_checked_and_the_url_is_masked_in_messages(pki: Pki) -> None
         ({"url": "nats://h:1", "user": "spark"}, "Connection options: user is set but password is not"),
         ({"url": "nats://t0k@h:1", "token": "other"}, "Connection options: The server URL carries credentials"),
         ({"url": "nats://h:1", "tls_hostname": ""}, "Connection options: tls_hostname: String should have at least 1"),
+        ({"url": "nats://h:1,wss://spark:pw@h2:443"}, "Connection options: The server URL wss://spark:\\*\\*\\*@h2:443 .*websocket"),
+        ({"url": "spark:pw@h:1"}, None),  # no scheme: nats-py reads nats://
     ]:
+        if message is None:
+            assert _options.Options.parse(bad).url == "spark:***@h:1"
+            continue
         with pytest.raises(EventSourceError, match=message):
             _options.Options.parse(bad)
