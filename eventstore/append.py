@@ -54,11 +54,13 @@ from typing import Final, Literal
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
+from nats.errors import ConnectionClosedError
 from nats.errors import Error as NatsError
 from pydantic import BaseModel
 
 from .errors import (
     ConcurrencyError,
+    EventStoreClosedError,
     EventStoreError,
     EventTooLargeError,
     HistoryGapError,
@@ -67,6 +69,8 @@ from .errors import (
     ServerUnavailableError,
     StorageError,
     StreamConfigError,
+    server_unavailable,
+    store_closed,
 )
 from .events import ANY, NO_STREAM, AppendResult, ExpectedVersion, StreamState
 from .history import check_history, commit_place
@@ -687,6 +691,14 @@ class Appender:
                     commits[-1].subject, encoded[-1][1], self._settings.request_timeout_s, headers=encoded[-1][0],
                     what=f"Appending to {commits[-1].request.stream_id}",
                 )
+            except (ConnectionClosedError, EventStoreClosedError) as exc:
+                # Closed (by the store, or for good after an outage): waiting cannot help, nothing more may be sent.
+                what = f"Appending to {commits[-1].request.stream_id}"
+                if self._inbox.closed:
+                    raise EventStoreClosedError(f"{store_closed(what)} {_what_was_stored(unanswered > 0)}") from exc
+                raise ServerUnavailableError(
+                    f"{server_unavailable(what, self._settings.request_timeout_s, exc)} {_what_was_stored(unanswered > 0)}"
+                ) from exc
             except (NatsError, ServerUnavailableError) as exc:
                 unanswered += 1
                 if unanswered < attempts:

@@ -16,6 +16,7 @@ what was wrong and what to do about it::
     │   ├── AuthenticationError   the server rejected the credentials, or TLS failed: retrying cannot help
     │   └── StorageError          the server answers but cannot store: its storage is full, at its limit or failing
     ├── StreamConfigError         the stream exists with settings unfit for an event store
+    ├── EventStoreClosedError     the event store was closed: a call in flight or made later ends at once
     └── ImportPathError           user code named as ``module:attr`` cannot be imported (also ImportError)
 
 Backend errors (nats-py exceptions, JetStream ``err_code`` values) are turned
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from nats.errors import ConnectionClosedError, NoRespondersError
@@ -41,6 +42,7 @@ __all__ = [
     "AuthenticationError",
     "ConcurrencyError",
     "EventDecodeError",
+    "EventStoreClosedError",
     "EventStoreError",
     "EventTooLargeError",
     "HistoryGapError",
@@ -55,6 +57,7 @@ __all__ = [
     "map_nats_error",
     "not_now_answer",
     "server_unavailable",
+    "store_closed",
 ]
 
 
@@ -162,6 +165,23 @@ class StorageError(ServerUnavailableError):
     """
 
 
+class EventStoreClosedError(EventStoreError):
+    """The event store was closed: the call ends at once, whether it was waiting for the server or made later.
+
+    Not a :class:`ServerUnavailableError`: waiting cannot bring a closed store
+    back, so the outage policy (retries, ``outage_limit_s``) never applies to
+    it. Connect a new :class:`~eventstore.EventStore` to go on.
+    """
+
+
+def store_closed(what: str) -> EventStoreClosedError:
+    """The :class:`EventStoreClosedError` for the operation ``what`` ("Reading Account/42")."""
+    return EventStoreClosedError(
+        f"{what}: the event store was closed, which ends every call in flight and refuses new ones. "
+        "Connect a new EventStore, or close it only after its work is done."
+    )
+
+
 class StreamConfigError(EventStoreError):
     """The JetStream stream exists with settings that are unsafe or incompatible for an event store."""
 
@@ -178,13 +198,14 @@ def server_unavailable(what: str, timeout_s: float, exc: BaseException) -> Serve
             f"the NATS server did not answer within {timeout_s}s. Check that it is running and reachable, "
             "or raise request_timeout_s"
         )
-    elif isinstance(exc, ConnectionClosedError):
-        why = "the connection to NATS is closed (the event store was closed). Connect a new EventStore"
     elif isinstance(exc, (NoRespondersError, ServiceUnavailableError)):
         why = (
             "JetStream did not answer (no responders). Check that the server runs with JetStream enabled (-js) "
             "and that the stream's servers are up"
         )
+    elif isinstance(exc, ConnectionClosedError):
+        why = ("the connection to NATS is closed for good (an outage outlasted outage_limit_s, or its owner closed "
+               "it). Connect a new EventStore")
     else:
         why = f"the NATS server cannot be reached ({exc or type(exc).__name__}). Check that it is running and reachable"
     return ServerUnavailableError(f"{what}: {why}.")
@@ -200,7 +221,7 @@ def not_now_answer(what: str, description: object, err_code: object) -> ServerUn
 
 
 @contextlib.contextmanager
-def map_nats_error(what: str, timeout_s: float) -> Iterator[None]:
+def map_nats_error(what: str, timeout_s: float, *, closed: Callable[[], bool] | None = None) -> Iterator[None]:
     """Raise :func:`server_unavailable`'s error for a lost or silent server's errors inside the block.
 
     The one boundary between nats-py's connection errors (timeouts, a closed or
@@ -208,7 +229,9 @@ def map_nats_error(what: str, timeout_s: float) -> Iterator[None]:
     JetStream's "not now" answers (an election: :func:`not_now_answer`) are
     that too. Its other answers (:class:`nats.js.errors.APIError`, e.g. "stream
     not found") are not about the server being unavailable and pass through, as
-    do this package's own errors.
+    do this package's own errors. A closed connection is
+    :class:`EventStoreClosedError` when ``closed()`` says the store closed it,
+    else (an outage outlasted ``outage_limit_s``) :class:`ServerUnavailableError`.
     """
     try:
         yield
@@ -222,5 +245,9 @@ def map_nats_error(what: str, timeout_s: float) -> Iterator[None]:
         if isinstance(exc, ServiceUnavailableError):
             raise server_unavailable(what, timeout_s, exc) from exc
         raise
+    except ConnectionClosedError as exc:
+        if closed is not None and closed():
+            raise store_closed(what) from exc
+        raise server_unavailable(what, timeout_s, exc) from exc
     except (NatsError, asyncio.TimeoutError) as exc:
         raise server_unavailable(what, timeout_s, exc) from exc

@@ -46,7 +46,7 @@ from .append import Appender
 from .errors import HistoryGapError, map_nats_error
 from .history import check_history
 from .jetstream.replay import Commits, NativeRun, OrderedReplay, Parsed, Part, Scanner
-from .jetstream.transport import SharedConnection
+from .jetstream.shared import SharedConnection
 from .events import RecordedEvent
 from .registry import TypeRegistry
 from .settings import EventStoreSettings
@@ -180,7 +180,7 @@ class Reader:
             # up to the leader's position instead (it waits for its own replica to catch up).
             timeout_s = self._settings.request_timeout_s
             try:
-                with map_nats_error(f"Reading {stream_id}", timeout_s):
+                with map_nats_error(f"Reading {stream_id}", timeout_s, closed=self._replays.is_closed):
                     newest = await self._nc.jetstream(timeout=timeout_s).get_last_msg(self._settings.stream, subject)
             except NotFoundError:
                 return []
@@ -399,7 +399,7 @@ class Reader:
         timeout_s = self._settings.request_timeout_s
         stream = self._settings.stream
         js = self._nc.jetstream(timeout=timeout_s)
-        with map_nats_error(f"Reading the last position of stream {stream!r}", timeout_s):
+        with map_nats_error(f"Reading the last position of stream {stream!r}", timeout_s, closed=self._replays.is_closed):
             for _ in range(2):
                 try:
                     return int((await js.get_last_msg(stream, ">")).seq or 0)

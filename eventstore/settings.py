@@ -60,6 +60,18 @@ class EventStoreSettings(BaseSettings, ConnectionSecurity):
         default=5.0, ge=0.05, le=3600.0, allow_inf_nan=False, description="How long to wait for one server reply."
     )
     append_retries: int = Field(default=3, ge=0, le=20, description="Resends of a commit whose acknowledgement timed out.")
+    ping_interval_s: float = Field(
+        default=5.0,
+        ge=0.05,
+        le=3600.0,
+        allow_inf_nan=False,
+        description="How often each connection PINGs its server. A server that stays silent (a lost host, a partition: "
+        "no reset) is taken for lost, and left for another, once max_outstanding_pings go unanswered: within "
+        "(max_outstanding_pings + 1) * ping_interval_s, 15 s by default.",
+    )
+    max_outstanding_pings: int = Field(
+        default=2, ge=1, le=100, description="Unanswered PINGs after which a connection is taken for lost."
+    )
     outage_limit_s: float | None = Field(
         default=None,
         gt=0,

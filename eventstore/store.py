@@ -44,7 +44,7 @@ from .jetstream.inbox import Inbox
 from .jetstream.api import ErrorCode, Subjects
 from .jetstream.durable import DurableConsumer
 from .jetstream.not_now import ride_out_jetstream
-from .jetstream.transport import SharedConnection
+from .jetstream.shared import SharedConnection
 from .nats_options import check_tcp_urls, options_of
 from .reading import Reader, Replayed, StoredMessage
 from .registry import TypeRegistry
@@ -198,7 +198,9 @@ class EventStore:
         self._inbox = Inbox(nc)
         self._appender = Appender(nc, self._inbox, self.settings, self.registry)
         self._replays = SharedConnection(
-            self._servers, replay_security, self.settings.request_timeout_s, f"{self.settings.connect_name}-replay"
+            self._servers, replay_security, self.settings.request_timeout_s, f"{self.settings.connect_name}-replay",
+            ping_interval_s=self.settings.ping_interval_s, max_outstanding_pings=self.settings.max_outstanding_pings,
+            inbox_prefix=nc.new_inbox().rpartition(".")[0],  # nc's inbox_prefix: a user may be allowed only that
         )
         self._reader = Reader(nc, self._appender, self.settings, self.registry, self._replays)
         self._connection_log: _ConnectionLog | None = None  # set by connect(), which owns the callbacks
@@ -263,11 +265,16 @@ class EventStore:
         # Give up on the first connection after request_timeout_s (a refused connection is retried
         # every 200 ms until then); once connected, reconnect forever (see below).
         first_attempts = max(1, int(settings.request_timeout_s / 0.2))
+        servers = url.split(",")
         options: dict[str, Any] = {
             "name": settings.connect_name,
             "max_reconnect_attempts": first_attempts,
             "reconnect_time_wait": 0.2,
-            "connect_timeout": settings.request_timeout_s,
+            # Each server its share of the deadline: a silent first pick leaves time for the next one.
+            "connect_timeout": settings.request_timeout_s / len(servers),
+            # A silent server (no reset) is left for another within the same bound as the replays' (see settings).
+            "ping_interval": settings.ping_interval_s,
+            "max_outstanding_pings": settings.max_outstanding_pings,
             "allow_reconnect": True,
             "drain_timeout": settings.request_timeout_s,
             "error_cb": connection_log.on_error,
@@ -277,7 +284,7 @@ class EventStore:
         }
         options.update(connect_options)
         try:
-            nc = await connect_nats(url.split(","), deadline_s=settings.request_timeout_s, **options)
+            nc = await connect_nats(servers, deadline_s=settings.request_timeout_s, **options)
         except (NoServersError, OSError, asyncio.TimeoutError, NatsError) as exc:
             if server:
                 server.close()
@@ -720,7 +727,7 @@ class EventStore:
         """The stream's last position, commit count and size."""
         timeout_s = self.settings.request_timeout_s
         try:
-            with map_nats_error(f"Reading the state of stream {self.settings.stream!r}", timeout_s):
+            with map_nats_error(f"Reading the state of stream {self.settings.stream!r}", timeout_s, closed=self._replays.is_closed):
                 state = (await self.nc.jetstream(timeout=timeout_s).stream_info(self.settings.stream)).state
         except NotFoundError as exc:
             raise StreamConfigError(
@@ -779,7 +786,7 @@ class EventStore:
 
     async def _subject_counts(self, pattern: str, what: str) -> list[tuple[str, int]]:
         timeout_s = self.settings.request_timeout_s
-        with map_nats_error(what, timeout_s):
+        with map_nats_error(what, timeout_s, closed=self._replays.is_closed):
             info = await self.nc.jetstream(timeout=timeout_s).stream_info(
                 self.settings.stream, subjects_filter=f"{self.settings.subject_prefix}.{pattern}"
             )

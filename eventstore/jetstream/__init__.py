@@ -10,7 +10,8 @@ from .boundaries import last_commit_boundary, whole_commits_end
 from .api import API_PREFIX, ErrorCode, Subjects, TRANSIENT_API_ERRORS
 from .not_now import not_now, ride_out_jetstream
 from .replay import Commits, NativeRun, OrderedReplay, Parsed, Part, Scanner, leader_has_message
-from .transport import BulkConnection, Raw, Receiver, SharedConnection
+from .shared import SharedConnection
+from .transport import BulkConnection, Raw, Receiver
 
 __all__ = [
     "API_PREFIX", "BulkConnection", "Commits", "ConsumerAnswer", "DurableConsumer", "ErrorCode", "NativeRun", "OrderedReplay", "Parsed", "Part", "Raw", "Receiver",

@@ -19,9 +19,17 @@ from typing import Any
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from nats.errors import ConnectionClosedError
 from nats.errors import Error as NatsError
 
-from ..errors import ServerUnavailableError, not_now_answer, server_unavailable
+from ..errors import (
+    EventStoreClosedError,
+    EventStoreError,
+    ServerUnavailableError,
+    not_now_answer,
+    server_unavailable,
+    store_closed,
+)
 from ..wire import Header
 from .api import TRANSIENT_API_ERRORS
 
@@ -42,6 +50,18 @@ class Inbox:
         self._sub: Subscription | None = None
         self._counter = 0
         self._lock = asyncio.Lock()
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` ran (the store was closed)."""
+        return self._closed
+
+    def _failed(self, what: str, timeout_s: float, exc: BaseException) -> EventStoreError:
+        """The error of a request that failed with nats-py's ``exc``: a closed store's, or an unavailable server's."""
+        if self._closed and isinstance(exc, ConnectionClosedError):
+            return store_closed(what)
+        return server_unavailable(what, timeout_s, exc)
 
     async def _ensure_subscribed(self) -> None:
         if self._sub is None:
@@ -78,12 +98,16 @@ class Inbox:
 
         Ends within about ``timeout_s``; without an answer (or with the
         connection closed) raises :class:`ServerUnavailableError` naming the
-        operation ``what`` ("Reading Account/42"), not the subject.
+        operation ``what`` ("Reading Account/42"), not the subject. When the
+        inbox is closed (the store closes), before or while it waits, it raises
+        :class:`~eventstore.EventStoreClosedError` at once.
         """
+        if self._closed:
+            raise store_closed(what)
         try:
             await self._ensure_subscribed()
         except NatsError as exc:  # the connection is closed
-            raise server_unavailable(what, timeout_s, exc) from exc
+            raise self._failed(what, timeout_s, exc) from exc
         self._counter += 1
         token = str(self._counter)
         loop = asyncio.get_running_loop()
@@ -94,8 +118,10 @@ class Inbox:
         try:
             await self._nc.publish(subject, payload, reply=f"{self._prefix}.{token}", headers=headers)
             return await future
+        except EventStoreClosedError:
+            raise store_closed(what) from None
         except (asyncio.TimeoutError, NatsError) as exc:
-            raise server_unavailable(what, timeout_s, exc) from exc
+            raise self._failed(what, timeout_s, exc) from exc
         finally:
             del self._pending[token]
 
@@ -151,10 +177,12 @@ class Inbox:
     async def request_each(self, subject: str, payloads: list[bytes], timeout_s: float, *, what: str) -> list[Msg]:
         """Publish every payload as a request, then wait for each one's reply (pipelined: one round trip for all,
         without a task per request); the replies in the payloads' order. Ends and fails as :meth:`request` does."""
+        if self._closed:
+            raise store_closed(what)
         try:
             await self._ensure_subscribed()
         except NatsError as exc:
-            raise server_unavailable(what, timeout_s, exc) from exc
+            raise self._failed(what, timeout_s, exc) from exc
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         tokens: list[str] = []
@@ -170,11 +198,15 @@ class Inbox:
             for token, payload in zip(tokens, payloads):
                 await self._nc.publish(subject, payload, reply=f"{self._prefix}.{token}")
             return [(await future)[0] for future in futures]
+        except EventStoreClosedError:
+            raise store_closed(what) from None
         except (asyncio.TimeoutError, NatsError) as exc:
-            raise server_unavailable(what, timeout_s, exc) from exc
+            raise self._failed(what, timeout_s, exc) from exc
         finally:
-            for token in tokens:
+            for token, future in zip(tokens, futures):
                 del self._pending[token]
+                if future.done() and not future.cancelled():
+                    future.exception()  # failed by a sweep or a close after an earlier one: nothing else will look
 
     async def _sweep(self, every_s: float) -> None:
         loop = asyncio.get_running_loop()
@@ -186,7 +218,13 @@ class Inbox:
                     future.set_exception(asyncio.TimeoutError())
 
     async def close(self) -> None:
-        """Drop the subscription; requests still waiting fail with their timeout."""
+        """Fail every request still waiting, at once, with :class:`~eventstore.EventStoreClosedError` (as every
+        later one), and drop the subscription."""
+        self._closed = True
+        closed = EventStoreClosedError("The event store was closed.")  # each request says it in its own terms
+        for _, future, _, _ in self._pending.values():
+            if not future.done():
+                future.set_exception(closed)
         if self._sweeper is not None:
             self._sweeper.cancel()
         if self._sub is not None:

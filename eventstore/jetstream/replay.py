@@ -40,7 +40,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeAlias
 
-from ..errors import ServerUnavailableError, StreamConfigError, server_unavailable
+from ..errors import (
+    AuthenticationError,
+    EventStoreClosedError,
+    ServerUnavailableError,
+    StreamConfigError,
+    server_unavailable,
+    store_closed,
+)
 from ..wire import Header
 from .api import API_PREFIX, ErrorCode, Subjects
 from .transport import BulkConnection, Raw
@@ -387,6 +394,8 @@ class OrderedReplay:
                         yield ready
                         self._resumed()
                     continue
+                if isinstance(arrivals.error, AuthenticationError):
+                    raise arrivals.error  # refused for want of a permission: asking again cannot help
                 if self._reset or time.monotonic() - arrivals.last_activity > self._heartbeat_s * 3 or arrivals.error:
                     await self._create_consumer()
                     continue
@@ -409,6 +418,8 @@ class OrderedReplay:
                             self._resumed()
                         if not ready and self._live and time.monotonic() - self._last_data > self._stall_s:
                             self._reset = await self._stalled()
+        except EventStoreClosedError as exc:  # never retried: said in terms of this read
+            raise store_closed(self._what) from exc
         finally:
             self.close()
 
@@ -560,20 +571,22 @@ class OrderedReplay:
 
     async def _connection(self, deadline: float | None) -> BulkConnection:
         """The open connection, subscribed; a new one when it was lost."""
-        if self._conn is not None and not self._conn.closed:
+        if self._conn is not None and not self._conn.closed and not self._conn.suspect:
             return self._conn
-        self._drop_subscription()
         delay = 0.05
         while True:
             try:
-                conn = await self._connect()
+                conn = await self._connect()  # checks a suspect connection before handing it out again
+                if conn is self._conn and self._sid:
+                    return conn  # it answered: the subscription (and the consumer delivering to it) stand
+                self._drop_subscription()
                 self._subject = conn.new_inbox()
                 self._sid = conn.subscribe(self._subject, self._arrivals)
                 self._conn = conn
                 self._arrivals.error = None
                 return conn
-            except ServerUnavailableError:
-                if deadline is not None and time.monotonic() + delay > deadline:
+            except ServerUnavailableError as exc:
+                if isinstance(exc, AuthenticationError) or deadline is not None and time.monotonic() + delay > deadline:
                     raise
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
@@ -624,6 +637,8 @@ class OrderedReplay:
                         f"{self._what}: JetStream refused the consumer: {info['error']}. Check that the stream exists."
                     )
                 break
+            except AuthenticationError:
+                raise  # refused credentials or a missing permission: asking again cannot help
             except (ServerUnavailableError, ValueError) as exc:
                 if conn is not None and not conn.closed:
                     conn.publish(self._api.consumer_delete(name), b"")  # if the unanswered try created it

@@ -10,8 +10,10 @@ bring a native scanner that frames whole runs of its messages at once.
 
 It speaks the small part of the client protocol a replay needs: the
 handshake (TLS, every way of authenticating the event store supports), PING,
-SUB/UNSUB, PUB and requests. It does not reconnect: a replay opens a new one
-and resumes after the last message it handed over.
+SUB/UNSUB, PUB and requests. Like nats-py it tries its servers from a shuffled
+pool that learns the cluster's (:mod:`.pool`) and PINGs to notice a silent
+peer (:mod:`.keepalive`). It does not reconnect: a replay opens a new one
+(:mod:`.shared`) and resumes after the last message it handed over.
 """
 
 from __future__ import annotations
@@ -20,78 +22,28 @@ import asyncio
 import base64
 import contextlib
 import json
+import logging
+import re
 import secrets
 import ssl
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
 from urllib.parse import unquote, urlsplit
 
 import nkeys
 
 from ..errors import AuthenticationError, ServerUnavailableError
 from ..security import ConnectionSecurity, redact_url, tls_context
+from .keepalive import Keepalive
+from .pool import ServerPool
+from .receivers import Raw, Receiver, Replies, Run
 
 __all__ = ["BulkConnection", "Raw", "Receiver", "Run"]
 
-Raw = tuple[bytes, "bytes | None", bytes, bytes]
-"""A message off the wire: (subject, reply subject or None, header block, body)."""
-
-Run = object
-"""What a receiver's scanner returns for a run of messages it framed (the receiver's own type)."""
+log = logging.getLogger("jetsourcing.eventstore")
 
 _MAX_CONTROL_LINE = 4096
-
-
-class Receiver(Protocol):
-    """Where one subscription's messages go, in arrival order.
-
-    ``scan``, when not None, frames a run of the subscription's messages at
-    ``data[pos:]`` natively: it returns where the run ends and the run, or
-    ``(pos, None)`` when the message there is not one it takes (the connection
-    frames that one in Python).
-    """
-
-    scan: Callable[[bytes, int], tuple[int, Run | None]] | None
-
-    def add(self, rows: list[Raw]) -> None:
-        """Take messages framed in Python, in order."""
-
-    def add_run(self, run: Run) -> None:
-        """Take a run the scanner framed."""
-
-    def wake(self) -> None:
-        """Called once after each socket read that brought the subscription something."""
-
-    def lost(self, error: Exception) -> None:
-        """The connection is gone: nothing more will arrive."""
-
-
-class _Replies:
-    """The receiver of :meth:`BulkConnection.request`'s replies: routes each to the future waiting for it."""
-
-    def __init__(self, prefix: bytes) -> None:
-        self.scan: Callable[[bytes, int], tuple[int, Run | None]] | None = None
-        self.cut = len(prefix)
-        self.waiting: dict[bytes, asyncio.Future[Raw]] = {}
-
-    def add(self, rows: list[Raw]) -> None:
-        for row in rows:
-            future = self.waiting.pop(row[0][self.cut :], None)
-            if future is not None and not future.done():
-                future.set_result(row)
-
-    def add_run(self, run: Run) -> None:  # pragma: no cover - no scanner
-        raise AssertionError(run)
-
-    def wake(self) -> None:
-        pass
-
-    def lost(self, error: Exception) -> None:
-        for future in self.waiting.values():
-            if not future.done():
-                future.set_exception(error)
-        self.waiting.clear()
+_PERMISSION = re.compile(r'permissions violation for (publish|subscription) to "?([^"\s]+)', re.IGNORECASE)
 
 
 def _creds_part(text: str, what: str) -> str:
@@ -108,7 +60,7 @@ def _creds_part(text: str, what: str) -> str:
 class BulkConnection(asyncio.Protocol):
     """One NATS connection for bulk reads (see the module docs). Open it with :meth:`open`."""
 
-    def __init__(self, security: ConnectionSecurity, name: str) -> None:
+    def __init__(self, security: ConnectionSecurity, name: str, inbox_prefix: str = "_INBOX") -> None:
         self._security = security
         self._name = name
         self._transport: asyncio.Transport | None = None
@@ -118,40 +70,81 @@ class BulkConnection(asyncio.Protocol):
         self._next_sid = 0
         self._lines: asyncio.Queue[bytes] = asyncio.Queue()
         self._handshaking = True
-        self._pongs: list[asyncio.Future[None]] = []
+        self._pongs: list[asyncio.Future[None] | None] = []  # per PING sent, in order; None: the keepalive's
+        self._keepalive: Keepalive | None = None
+        self._pool: ServerPool | None = None
+        self._origin = ""
         self._lost: Exception | None = None
         self._lost_cause: Exception | None = None
-        self._inbox = f"{getattr(security, 'inbox_prefix', '_INBOX')}." + secrets.token_hex(11)  # ReplaySecurity's
-        self._replies = _Replies(f"{self._inbox}.".encode())
+        self._inbox = f"{inbox_prefix}.{secrets.token_hex(11)}"
+        self._subjects: dict[bytes, str] = {}  # what each subscription (by id) and request (by token) is on
+        self._refusals: set[str] = set()
+        self._replies = Replies(f"{self._inbox}.".encode())
         self._requests = 0
+        self._reads = 0  # socket reads so far: a request that times out with none since it was sent is suspect
+        self.suspect = False
+        """A request went unanswered while nothing at all arrived: the connection may be half-open (a lost host,
+        a partition); :class:`SharedConnection` checks it with a PING before handing it out again."""
         self.url = ""
 
     # -- opening -------------------------------------------------------------------------------------------------
 
     @classmethod
     async def open(
-        cls, servers: list[str], security: ConnectionSecurity, *, deadline_s: float, name: str = "jetsourcing-replay"
+        cls,
+        servers: list[str],
+        security: ConnectionSecurity,
+        *,
+        deadline_s: float,
+        name: str = "jetsourcing-replay",
+        inbox_prefix: str = "_INBOX",
+        ping_interval_s: float | None = None,
+        max_outstanding_pings: int = 2,
+        pool: ServerPool | None = None,
     ) -> BulkConnection:
         """Connect to the first of ``servers`` that answers, all tries within ``deadline_s``.
+
+        The servers are tried in random order, then those the cluster
+        advertised (``pool``, which the connection keeps up to date from the
+        server's INFO), each try within its share of the time left, so that a
+        silent server leaves time for the next (:mod:`~eventstore.jetstream.pool`).
+        Replies come to subjects under ``inbox_prefix`` (nats-py's option of that name).
+
+        With ``ping_interval_s``, the connection PINGs the server that often and
+        fails (as a lost connection) when more than ``max_outstanding_pings``
+        go unanswered (:mod:`~eventstore.jetstream.keepalive`).
 
         Raises :class:`AuthenticationError` when a server refuses the
         credentials or TLS fails (retrying cannot help), else
         :class:`ServerUnavailableError` naming the servers and the last error.
         """
         last: BaseException | None = None
+        pool = pool or ServerPool()
+        tries = pool.candidates(servers)
+        loop = asyncio.get_running_loop()
+        end = loop.time() + deadline_s
         try:
             async with asyncio.timeout(deadline_s):
-                for url in servers:
-                    self = cls(security, name)
+                for i, candidate in enumerate(tries):
+                    self = cls(security, name, inbox_prefix)
+                    self._pool = pool
                     try:
-                        await self._connect(url)
+                        async with asyncio.timeout((end - loop.time()) / (len(tries) - i)):
+                            await self._connect(candidate.url, candidate.tls_name)
+                        if ping_interval_s is not None:
+                            self._keepalive = Keepalive(
+                                interval_s=ping_interval_s, max_outstanding=max_outstanding_pings,
+                                ping=self._ping, reads=lambda: self._reads, dead=self._fail,
+                            )
                         return self
-                    except AuthenticationError:
-                        self.close()
-                        raise
                     except (OSError, ServerUnavailableError, ValueError) as exc:
                         self.close()
+                        if isinstance(exc, AuthenticationError):
+                            raise
                         last = exc
+                    except BaseException:  # the deadline, or the caller cancelled: nothing of the try stays open
+                        self.close()
+                        raise
         except TimeoutError as exc:
             last = last or exc
         where = redact_url(",".join(servers))
@@ -160,7 +153,7 @@ class BulkConnection(asyncio.Protocol):
             "Check that the server is up and reachable."
         ) from last
 
-    async def _connect(self, url: str) -> None:
+    async def _connect(self, url: str, tls_name: str | None = None) -> None:
         parts = urlsplit(url if "://" in url else f"nats://{url}")
         self.url = redact_url(url)
         host, port = parts.hostname or "127.0.0.1", parts.port or 4222
@@ -169,7 +162,7 @@ class BulkConnection(asyncio.Protocol):
         context = tls_context(self._security)
         first = bool(getattr(self._security, "tls_handshake_first", False))  # ReplaySecurity's (nats-py's option)
         if first:  # TLS at once: the server sends its INFO over it
-            hostname = self._security.tls_hostname or host
+            hostname = self._security.tls_hostname or tls_name or host
             assert self._transport is not None
             try:
                 self._transport = await loop.start_tls(
@@ -186,7 +179,7 @@ class BulkConnection(asyncio.Protocol):
             )
         if info.get("tls_required") and not first:
             context = context or ssl.create_default_context()
-            hostname = self._security.tls_hostname or host
+            hostname = self._security.tls_hostname or tls_name or host
             assert self._transport is not None
             try:
                 self._transport = await loop.start_tls(self._transport, self, context, server_hostname=hostname)
@@ -204,6 +197,9 @@ class BulkConnection(asyncio.Protocol):
                 )
             raise ServerUnavailableError(f"NATS at {self.url} refused the connection ({why}).")
         self._handshaking = False
+        if self._pool is not None:
+            self._pool.learn(info, url)
+            self._origin = url
         if self._buf:  # messages right behind the PONG
             self.data_received(b"")
         self.subscribe_inbox()
@@ -261,15 +257,18 @@ class BulkConnection(asyncio.Protocol):
         )
         self._lost = self._lost or error
         self._transport = None
+        if self._keepalive is not None:
+            self._keepalive.stop()
         for receiver in list(self._subs.values()):
             receiver.lost(self._lost)
         for future in self._pongs:
-            if not future.done():
+            if future is not None and not future.done():
                 future.set_exception(self._lost)
         self._pongs.clear()
         self._lines.put_nowait(b"")  # ends a handshake waiting for a line
 
     def data_received(self, data: bytes) -> None:
+        self._reads += 1
         if self._handshaking:
             self._buf += data
             while (eol := self._buf.find(b"\r\n")) >= 0 and self._handshaking:
@@ -363,18 +362,54 @@ class BulkConnection(asyncio.Protocol):
         if line == b"PING":
             self._write(b"PONG\r\n")
         elif line == b"PONG":
+            if self._keepalive is not None:
+                self._keepalive.answered()
             if self._pongs:
                 future = self._pongs.pop(0)
-                if not future.done():
+                if future is not None and not future.done():
                     future.set_result(None)
         elif line.startswith(b"-ERR"):
-            self._fail(f"the server said {line[5:].decode(errors='replace')}")
-        # +OK and INFO (cluster changes) need nothing
+            why = line[5:].decode(errors="replace").strip(" '")
+            if "permissions violation" in why.lower():
+                self._refused(why)  # the server keeps the connection (nats-py's _process_err does the same)
+            else:
+                self._fail(f"the server said {why}")
+        elif line.startswith(b"INFO ") and self._pool is not None:  # the cluster changed: servers to fail over to
+            with contextlib.suppress(ValueError):
+                self._pool.learn(json.loads(line[5:]), self._origin)
+        # +OK needs nothing
 
     def _fail(self, why: str) -> None:
         self._lost = ServerUnavailableError(f"The replay connection to NATS at {self.url} failed: {why}.")
         if self._transport is not None:
             self._transport.abort()
+
+    def _refused(self, why: str) -> None:
+        """Fail what the server refused for want of a permission (:class:`AuthenticationError`: asking again cannot
+        help), logged once per refusal; the rest of the connection goes on."""
+        error = AuthenticationError(
+            f"NATS at {self.url} refused a replay: {why}. The user lacks a permission the event store needs: allow "
+            f"it in the server's authorization (replays publish to $JS.API.> and subscribe to {self._inbox.rpartition('.')[0]}.>), "
+            "or give the connection an inbox_prefix the user may subscribe to."
+        )
+        if why not in self._refusals:
+            self._refusals.add(why)
+            log.warning("%s", error)
+        found = _PERMISSION.search(why)
+        refused = found.group(2) if found else None
+        for key, subject in list(self._subjects.items()):
+            if subject != refused:
+                continue
+            if key == b"0":  # the replies' subscription: no request can be answered here
+                self.close(error)
+            elif (future := self._replies.waiting.pop(key, None)) is not None and not future.done():
+                future.set_exception(error)
+            elif (receiver := self._subs.pop(key, None)) is not None:
+                receiver.lost(error)
+
+    def _ping(self) -> None:
+        self._pongs.append(None)
+        self._write(b"PING\r\n")
 
     def _write(self, data: bytes) -> None:
         if self._transport is None or self._transport.is_closing():
@@ -397,15 +432,18 @@ class BulkConnection(asyncio.Protocol):
         self._next_sid += 1
         sid = str(self._next_sid).encode()
         self._subs[sid] = receiver
+        self._subjects[sid] = subject
         self._write(b"SUB " + subject.encode() + b" " + sid + b"\r\n")
         return sid
 
     def subscribe_inbox(self) -> None:
         self._subs[b"0"] = self._replies
+        self._subjects[b"0"] = f"{self._inbox}.r.*"
         self._write(f"SUB {self._inbox}.r.* 0\r\n".encode())
 
     def unsubscribe(self, sid: bytes) -> None:
         """Stop delivering to the subscription (messages already in the socket's buffer are dropped)."""
+        self._subjects.pop(sid, None)
         if self._subs.pop(sid, None) is not None and not self.closed:
             self._write(b"UNSUB " + sid + b"\r\n")
 
@@ -415,17 +453,25 @@ class BulkConnection(asyncio.Protocol):
         self._write(head.encode() + payload + b"\r\n")
 
     async def request(self, subject: str, payload: bytes, timeout_s: float) -> Raw:
-        """Send a request and wait for its reply, at most ``timeout_s`` (:class:`TimeoutError`)."""
+        """Send a request and wait for its reply, at most ``timeout_s`` (:class:`TimeoutError`; the connection is
+        then :attr:`suspect` if nothing at all arrived meanwhile)."""
         self._requests += 1
+        reads = self._reads
         token = f"r.{self._requests}"
         future: asyncio.Future[Raw] = asyncio.get_running_loop().create_future()
         self._replies.waiting[token.encode()] = future
+        self._subjects[token.encode()] = subject
         try:
             self.publish(subject, payload, f"{self._inbox}.{token}")
             async with asyncio.timeout(timeout_s):
                 return await future
+        except TimeoutError:
+            if self._reads == reads:
+                self.suspect = True
+            raise
         finally:
             self._replies.waiting.pop(token.encode(), None)
+            self._subjects.pop(token.encode(), None)
 
     async def flush(self, timeout_s: float) -> None:
         """Wait until the server has processed everything sent so far (a PING answered)."""
@@ -435,11 +481,26 @@ class BulkConnection(asyncio.Protocol):
         async with asyncio.timeout(timeout_s):
             await future
 
-    def close(self) -> None:
-        """Close the connection at once (nothing sent is waited for)."""
+    def close(self, error: Exception | None = None) -> None:
+        """Close the connection at once (nothing sent is waited for).
+
+        With ``error``, everything waiting on the connection (requests, flushes,
+        subscriptions) fails with it now, not when the transport reports the
+        socket closed, and so does every later use.
+        """
+        if error is not None:
+            self._lost = error
+            for receiver in list(self._subs.values()):
+                receiver.lost(error)
+            for future in self._pongs:
+                if future is not None and not future.done():
+                    future.set_exception(error)
+            self._pongs.clear()
+        if self._keepalive is not None:
+            self._keepalive.stop()
         if self._transport is not None:
             with contextlib.suppress(Exception):
-                self._transport.close()
+                self._transport.abort()  # close() would wait to send what is buffered, for ever on a silent peer
 
 
 _MAX_SIZE = 2**63 - 1
@@ -486,33 +547,3 @@ def _needed(buf: bytearray) -> int:
         return _message_line(bytes(buf[: eol + 2]), 0, eol, headered)[5] + 2
     except ValueError:
         return 0
-
-
-class SharedConnection:
-    """One :class:`BulkConnection` for the replays of one event store: opened on first use, again after a loss."""
-
-    def __init__(self, servers: Callable[[], list[str]], security: ConnectionSecurity, deadline_s: float, name: str) -> None:
-        self._servers = servers
-        self._security = security
-        self._deadline_s = deadline_s
-        self._name = name
-        self._conn: BulkConnection | None = None
-        self._lock = asyncio.Lock()
-        self._closed = False
-
-    async def get(self) -> BulkConnection:
-        """The open connection (opening one within ``deadline_s``, or raising as :meth:`BulkConnection.open`)."""
-        async with self._lock:
-            if self._closed:
-                raise ServerUnavailableError("The event store is closed: its replays ended.")
-            if self._conn is None or self._conn.closed:
-                self._conn = await BulkConnection.open(
-                    self._servers(), self._security, deadline_s=self._deadline_s, name=self._name
-                )
-            return self._conn
-
-    def close(self) -> None:
-        """Close the connection; replays still running end with :class:`ServerUnavailableError`."""
-        self._closed = True
-        if self._conn is not None:
-            self._conn.close()

@@ -11,7 +11,7 @@ import pytest
 from nats.errors import ConnectionClosedError
 from nats.js.errors import APIError, BadRequestError, NotFoundError
 
-from eventstore import AuthenticationError, EventStore, EventStoreSettings, ServerUnavailableError, StorageError, StreamId
+from eventstore import AuthenticationError, EventStore, EventStoreClosedError, EventStoreSettings, ServerUnavailableError, StorageError, StreamId
 from eventstore.errors import map_nats_error, server_unavailable
 from eventstore.jetstream import ErrorCode, not_now, ride_out_jetstream
 
@@ -136,7 +136,7 @@ async def test_a_closed_store_is_not_waited_for(settings: EventStoreSettings) ->
     store = await EventStore.connect(settings)
     await store.close()
     started = time.monotonic()
-    with pytest.raises(ServerUnavailableError, match="closed"):
+    with pytest.raises(EventStoreClosedError, match="closed"):
         async with asyncio.timeout(10):
             await store.ensure_stream(long_running=True)
     assert time.monotonic() - started < 1.0

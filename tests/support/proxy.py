@@ -7,7 +7,8 @@ A lost acknowledgement (the append is stored, the client never hears so)::
         store = await EventStore.connect(settings.model_copy(update={"nats_url": proxy.url}))
         proxy.drop_acks(1)          # the next publish acknowledgement never reaches the client
 
-A hung server or a black-holed network: :meth:`Proxy.silence`; a stopped
+A hung server or a black-holed network: :meth:`Proxy.silence`; the connections open now black-holed (a partition
+or a lost host: no reset, nothing more arrives either way), new ones passing: :meth:`Proxy.blackhole`; a stopped
 server: :meth:`Proxy.down`; lost answers to requests: :meth:`Proxy.drop_replies`; a server that never says a word:
 :class:`SilentServer`. A slow or lossy network: :meth:`Proxy.delay` (latency,
 with jitter) and :meth:`Proxy.lose`. TCP never loses or reorders bytes, so a
@@ -65,6 +66,7 @@ class Proxy:
         self.dropped = 0
         self.reply_loss = 0.0
         self.silent = False
+        self._holes: list[list[bool]] = []  # per connection: [black-holed, the client's end open]
         self.latency_s = 0.0
         self.jitter_s = 0.0
         self.loss = 0.0
@@ -97,6 +99,22 @@ class Proxy:
     def silence(self) -> None:
         """Keep every connection open but forward nothing more, either way (a hung server)."""
         self.silent = True
+
+    def blackhole(self) -> None:
+        """Drop every byte, either way, of every connection open now, for good, keeping both of its sockets open
+        (a lost host or a partition: neither end sees a reset). Connections made later pass."""
+        for hole in self._holes:
+            hole[0] = True
+
+    @property
+    def connections(self) -> int:
+        """How many connections the proxy has accepted so far."""
+        return len(self._holes)
+
+    @property
+    def open_connections(self) -> int:
+        """How many of them the client has not closed."""
+        return sum(1 for hole in self._holes if hole[1])
 
     async def down(self) -> None:
         """Close every connection and refuse new ones (a stopped server)."""
@@ -133,10 +151,12 @@ class Proxy:
         self._writers.update((client_w, server_w))
         ends = (client_w, server_w)
         to_server, to_client = _Link(self, server_w, ends), _Link(self, client_w, ends)
+        hole = [False, True]
+        self._holes.append(hole)
         self._spawn(to_server.run())
         self._spawn(to_client.run())
-        self._spawn(self._pipe(client_r, to_server))
-        self._spawn(self._frames(server_r, to_client))
+        self._spawn(self._pipe(client_r, to_server, hole))
+        self._spawn(self._frames(server_r, to_client, hole))
 
     def _due(self, link: _Link) -> float | None:
         """When a chunk sent now on ``link`` arrives; None: it resets the connection instead."""
@@ -150,17 +170,18 @@ class Proxy:
             due += self.spike_s
         return max(due, link.last_due)  # TCP delivers in order
 
-    async def _pipe(self, reader: asyncio.StreamReader, link: _Link) -> None:
+    async def _pipe(self, reader: asyncio.StreamReader, link: _Link, hole: list[bool]) -> None:
         try:
             while data := await reader.read(65536):
-                if not self.silent:
+                if not self.silent and not hole[0]:
                     await link.send(data)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
+            hole[1] = False
             link.close()
 
-    async def _frames(self, reader: asyncio.StreamReader, link: _Link) -> None:
+    async def _frames(self, reader: asyncio.StreamReader, link: _Link, hole: list[bool]) -> None:
         try:
             while True:
                 line = await reader.readuntil(b"\r\n")
@@ -180,7 +201,7 @@ class Proxy:
                     if self.reply_loss and line.split()[1].startswith(b"_INBOX.") and self._rng.random() < self.reply_loss:
                         self.dropped += 1
                         continue
-                if not self.silent:
+                if not self.silent and not hole[0]:
                     await link.send(frame)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
