@@ -47,7 +47,7 @@ from typing import Any, TypeVar
 
 from nats.js.kv import KeyValue
 
-from eventstore import EventStore, RecordedEvent, ServerUnavailableError, ride_out
+from eventstore import EventStore, EventStoreClosedError, RecordedEvent, ServerUnavailableError, ride_out
 
 from .applier import Applier, Counters
 from .backends import open_store
@@ -281,8 +281,8 @@ async def _rebuild(
     except BaseException as exc:
         # A projection error or a malformed commit would recur on resume: drop the shadow. An
         # interruption (a stop, a lost lease or server, a killed task) keeps it to resume.
-        interrupted = (stop.is_set() or lease.lost.is_set() or isinstance(exc, (ServerUnavailableError,
-                                                                                  *rm.transient_errors))
+        interrupted = (stop.is_set() or lease.lost.is_set()
+                       or isinstance(exc, (ServerUnavailableError, EventStoreClosedError, *rm.transient_errors))
                        or not isinstance(exc, Exception))
         if not switched:
             await _abandon(rm, writer, owner, keep=interrupted)

@@ -311,3 +311,27 @@ async def test_a_rebuild_waits_out_a_nats_outage_and_goes_on_from_its_checkpoint
     finally:
         await es.close()
         server.close()
+
+
+async def test_a_rebuild_whose_event_store_is_closed_under_it_keeps_its_progress(
+    es: EventStore, psettings: ProjectionSettings
+) -> None:
+    """A closed store (EventStoreClosedError, not an outage) interrupts a rebuild as a stop does: the shadow is
+    kept for --resume, never dropped as if the projection had failed."""
+    await append_workload(es, workload(1500, accounts=100))
+    await burst([AccountBalances()], psettings, es)
+    total = await es.last_position()
+    own = await EventStore.connect(psettings.eventstore)
+    register_all(own)
+    slow = asyncio.create_task(rebuild(SlowBalances(), psettings.model_copy(update={"rebuild_batch_size": 50}),
+                                       event_store=own))
+    await wait_until(lambda: building(psettings) > 0, 20, "the rebuild to make progress")
+    await own.close()
+    with pytest.raises(RebuildError, match="resume=True"):
+        await slow
+    kept = building(psettings)
+    assert 0 < kept < total
+    await asyncio.sleep(psettings.lease_ttl_s + 0.5)  # the closed store could not release its lease: it lapses
+    result = await rebuild(AccountBalancesV2(), psettings, event_store=es, resume=True)
+    assert (result.generation, result.checkpoint) == (2, total)
+    assert result.events < sum([len(e) async for e in es.read_all(categories=AccountBalancesV2.categories)])
