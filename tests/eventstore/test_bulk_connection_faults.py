@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Iterator
 from typing import Any
 
+import nats
 import pytest
 
 from eventstore import (
@@ -327,10 +328,16 @@ async def test_a_permission_violation_fails_what_was_refused_and_keeps_the_conne
         conn.close()
 
 
-async def test_replays_use_the_connections_inbox_prefix(guarded_server: EmbeddedServer) -> None:
+@pytest.mark.parametrize("own_connection", [False, True], ids=["connect", "own-nats-py-connection"])
+async def test_replays_use_the_connections_inbox_prefix(guarded_server: EmbeddedServer, own_connection: bool) -> None:
     settings = unique_settings(guarded_server.url, user="boxed", password="pw", request_timeout_s=2.0)
     async with asyncio.timeout(30):
-        store = await EventStore.connect(settings, inbox_prefix="_MY")  # the user may subscribe to _MY.> only
+        if own_connection:  # EventStore(nc): the replays learn the prefix from nc's options
+            nc = await nats.connect(guarded_server.url, user="boxed", password="pw", inbox_prefix="_MY")
+            await nc.jetstream().add_stream(name=settings.stream, subjects=[f"{settings.subject_prefix}.>"])
+            store = EventStore(nc, settings)
+        else:
+            store = await EventStore.connect(settings, inbox_prefix="_MY")  # the user may subscribe to _MY.> only
         try:
             for model in ALL:
                 store.registry.register(model)
@@ -342,6 +349,8 @@ async def test_replays_use_the_connections_inbox_prefix(guarded_server: Embedded
             await live.aclose()  # type: ignore[attr-defined]
         finally:
             await store.close()
+            if own_connection:
+                await nc.close()
 
 
 async def test_a_replay_refused_its_inbox_fails_at_once_naming_the_permission(guarded_server: EmbeddedServer) -> None:
