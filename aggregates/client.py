@@ -76,6 +76,8 @@ class CommandClient:
     """
 
     def __init__(self, connection: EventStore | NATS, *, subject_prefix: str = "cmd", timeout_s: float = 5.0) -> None:
+        # A store that started its own embedded server (no NATS_URL) shares it with nobody: said on NoResponders.
+        self._private = isinstance(connection, EventStore) and connection.server is not None
         if isinstance(connection, EventStore):
             connection = connection.nc
         if not isinstance(connection, NATS):
@@ -129,9 +131,13 @@ class CommandClient:
                 f"{self._nc.max_payload:,} per message. Send less in one command, or raise the server's max_payload."
             ) from exc
         except nats.errors.NoRespondersError as exc:
+            private = (
+                " This process talks to a private embedded server that no service can reach (no NATS_URL was set): "
+                "run `jetsourcing server` and set NATS_URL on both sides." if self._private else ""
+            )
             raise CommandUnavailableError(
                 f"No service serves {subject}: start one (CommandService) with this command, or check the subject "
-                "prefix on both sides."
+                f"prefix on both sides.{private}"
             ) from exc
         except (nats.errors.TimeoutError, asyncio.TimeoutError) as exc:
             raise CommandUnavailableError(

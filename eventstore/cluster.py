@@ -41,7 +41,8 @@ class EmbeddedCluster:
     be created at once; no node outlives this process; :meth:`kill`,
     :meth:`stop` and :meth:`start_node` keep a node's port and storage, so a
     restarted node rejoins with its data. ``url`` lists every node, so a client
-    fails over to the nodes that are up.
+    fails over to the nodes that are up. ``ports`` fixes the nodes' client
+    ports (default: free ones), so that clients find a cluster started again.
 
     Example (an R3 event store that survives the loss of any one node)::
 
@@ -61,9 +62,12 @@ class EmbeddedCluster:
         name: str = "jetsourcing",
         sync_always: bool = False,
         start_timeout_s: float = 30.0,
+        ports: list[int] | None = None,
     ) -> None:
         if not isinstance(nodes, int) or isinstance(nodes, bool) or not 1 <= nodes <= 9:
             raise EventStoreError(f"EmbeddedCluster(nodes={nodes!r}): give a whole number of nodes from 1 to 9 (3 for R3).")
+        if ports is not None and len(ports) != nodes:
+            raise EventStoreError(f"EmbeddedCluster(ports={ports!r}): give one client port per node ({nodes}).")
         self._owns_dir = storage_dir is None
         self.storage_dir = Path(storage_dir) if storage_dir is not None else Path(tempfile.mkdtemp(prefix="jetsourcing-cluster-"))
         self.name = name
@@ -87,6 +91,7 @@ class EmbeddedCluster:
             self.nodes.append(
                 EmbeddedServer(
                     self.storage_dir / self.node_name(i),
+                    port=ports[i] if ports is not None else None,
                     sync_always=sync_always,
                     extra_config=config,
                     start_timeout_s=start_timeout_s,

@@ -261,6 +261,15 @@ class EventStore:
         if url is None:
             server = EmbeddedServer(settings.storage_dir, sync_always=settings.sync_always).start()
             url = server.url
+            # A script that forgot NATS_URL would otherwise talk, unawares, to a server that no other process
+            # knows of and that forgets everything when it ends. A storage_dir says it was meant: info, not warning.
+            log.log(
+                logging.INFO if settings.storage_dir is not None else logging.WARNING,
+                "No NATS_URL set: started an embedded nats-server at %s that lives as long as this process (events "
+                "kept %s). Other processes (a command service, the projection daemon) see its events only if given "
+                "this URL. For a server they share, run `jetsourcing server` and export the NATS_URL it prints.",
+                url, f"in {settings.storage_dir}" if settings.storage_dir is not None else "in a temporary directory",
+            )
         connection_log = _ConnectionLog(settings.outage_limit_s)
         # Give up on the first connection after request_timeout_s (a refused connection is retried
         # every 200 ms until then); once connected, reconnect forever (see below).

@@ -29,7 +29,7 @@ from aggregates import (
     Repository,
     RetryPolicy,
 )
-from eventstore import EventStore, InvalidArgumentError, StreamId
+from eventstore import EventStore, EventStoreSettings, InvalidArgumentError, StreamId
 
 from tests.conftest import unique_settings
 
@@ -126,9 +126,19 @@ async def test_errors_map_to_the_same_types_on_the_callers_side(served: CommandS
 
 async def test_a_command_nobody_serves_is_unavailable_at_once(client: CommandClient) -> None:
     started = time.monotonic()
-    with pytest.raises(CommandUnavailableError, match="No service serves"):
+    with pytest.raises(CommandUnavailableError, match="No service serves") as unavailable:
         await client.send(Account, "dave", Deposit(amount=1))
     assert time.monotonic() - started < 2
+    assert "private" not in str(unavailable.value)  # a shared server: nothing more to say
+
+
+async def test_a_client_on_a_private_embedded_server_is_told_so_when_nobody_serves(tmp_path: Any) -> None:
+    settings = EventStoreSettings(nats_url=None, storage_dir=tmp_path, stream="PRIVATE", subject_prefix="private")
+    async with EventStore.connect(settings) as store:  # no NATS_URL: a server of its own
+        with pytest.raises(CommandUnavailableError, match="No service serves") as unavailable:
+            await CommandClient(store).send(Account, "dave", Deposit(amount=1))
+    assert "private embedded server that no service can reach (no NATS_URL was set)" in str(unavailable.value)
+    assert "`jetsourcing server`" in str(unavailable.value)
 
 
 async def test_malformed_requests_get_an_error_reply_and_the_service_goes_on(
