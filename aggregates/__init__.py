@@ -30,7 +30,7 @@ Example::
             self.state.balance += event.amount
 
     accounts = Repository(store, Account)
-    await accounts.execute("alice", lambda a: a.deposit(10), create=True)
+    await accounts.execute("alice", lambda a: a.deposit(10), create=True, exist_ok=True)  # create or update
 """
 
 from .aggregate import Aggregate, applies
@@ -40,6 +40,7 @@ from .commands import CommandResult, RetryPolicy
 from .errors import (
     AggregateDefinitionError,
     AggregateError,
+    AggregateExistsError,
     AggregateNotFoundError,
     CommandConflictError,
     CommandError,
@@ -63,6 +64,7 @@ __all__ = [
     "Aggregate",
     "AggregateDefinitionError",
     "AggregateError",
+    "AggregateExistsError",
     "AggregateNotFoundError",
     "Application",
     "CommandClient",

@@ -34,6 +34,7 @@ from eventstore.wire import check_metadata
 from .aggregate import Aggregate
 from .command_messages import COMMAND_ID_HEADER, CORRELATION_ID_HEADER, check_name, check_prefix, command_subject
 from .errors import (
+    AggregateExistsError,
     AggregateNotFoundError,
     CommandConflictError,
     CommandError,
@@ -163,6 +164,10 @@ def _answer(subject: str, category: str, aggregate_id: str, command_id: str, dat
         raise CommandRejectedError(message, str(answer.get("type") or "DomainError"))
     if kind == "not_found":
         raise AggregateNotFoundError(category, aggregate_id)
+    if kind == "exists":
+        error = AggregateExistsError(category, aggregate_id)
+        error.args = (message,)  # the service's text: it names the version found
+        raise error
     raise _RAISES.get(kind, CommandError)(message)
 
 

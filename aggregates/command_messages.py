@@ -24,7 +24,7 @@ __all__ = [
 COMMAND_ID_HEADER: Final = "Jetsourcing-Command-Id"
 CORRELATION_ID_HEADER: Final = "Jetsourcing-Correlation-Id"
 
-ERROR_KINDS: Final = ("domain", "not_found", "invalid", "conflict", "unavailable", "failed")
+ERROR_KINDS: Final = ("domain", "not_found", "exists", "invalid", "conflict", "unavailable", "failed")
 """What a failed command's reply says went wrong, mapped to one exception class each by the client."""
 
 _TOKEN = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")

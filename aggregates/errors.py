@@ -7,6 +7,7 @@ and type::
     AggregateError
     ├── AggregateDefinitionError   an aggregate or event class is declared wrongly (raised at import)
     ├── AggregateNotFoundError     no events for that id, or fewer than the version asked for
+    ├── AggregateExistsError       a creating command met an aggregate that has events already
     ├── InvalidAggregateIdError    the id cannot name a stream  (also eventstore.InvalidStreamIdError)
     ├── MissingHandlerError        the aggregate has no @applies handler for an event's type
     ├── UnregisteredEventError     a stored event's type has no registered model  (also eventstore.UnknownEventTypeError)
@@ -31,6 +32,7 @@ from eventstore import EventDecodeError, InvalidStreamIdError, UnknownEventTypeE
 __all__ = [
     "AggregateDefinitionError",
     "AggregateError",
+    "AggregateExistsError",
     "AggregateNotFoundError",
     "CommandConflictError",
     "CommandError",
@@ -69,6 +71,24 @@ class AggregateNotFoundError(AggregateError, LookupError):
                 "Ask for a version between 1 and its current version."
             )
         super().__init__(text)
+
+
+class AggregateExistsError(AggregateError):
+    """A creating command (``create=True``) met an aggregate that has events already; nothing was written.
+
+    A creation that was already applied with the same ``command_id`` is not
+    this error: it is answered as a duplicate.
+    """
+
+    def __init__(self, aggregate: str, aggregate_id: str, version: int | None = None) -> None:
+        self.aggregate = aggregate
+        self.aggregate_id = aggregate_id
+        self.version = version
+        at = f" (version {version})" if version is not None else ""
+        super().__init__(
+            f"{aggregate} {aggregate_id!r} exists already{at}: a creating command runs only on a new aggregate. "
+            "Send a command for an existing one, or pass exist_ok=True to create it or run on it as it is."
+        )
 
 
 class InvalidAggregateIdError(AggregateError, InvalidStreamIdError):

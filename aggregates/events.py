@@ -28,12 +28,15 @@ __all__ = ["DomainEvent", "register_events"]
 class DomainEvent(BaseModel):
     """Base class of domain events: frozen pydantic models, registered by their stable type name.
 
-    Guarantees: an instance cannot be changed after construction; every
-    subclass has ``__event_type__`` (the stored type name) and
-    ``__schema_version__``, which :class:`eventstore.TypeRegistry` reads.
+    Guarantees: an instance cannot be changed after construction; a field
+    the class does not declare (a misspelt name, say) is refused with
+    pydantic's ``ValidationError`` when the event is constructed, while a
+    stored event with fields its class no longer declares still reads (they
+    are left out); every subclass has ``__event_type__`` (the stored type
+    name) and ``__schema_version__``, which :class:`eventstore.TypeRegistry` reads.
     """
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     __event_type__: ClassVar[str] = "DomainEvent"
     __schema_version__: ClassVar[int] = 1

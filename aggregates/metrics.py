@@ -8,7 +8,7 @@ __all__ = ["COMMANDS", "COMMAND_SECONDS"]
 
 COMMANDS = Counter(
     "jetsourcing_commands", "Commands a command service answered, by subject and outcome (ok, duplicate, domain, "
-    "not_found, invalid, conflict, unavailable, failed, cancelled).", ["subject", "outcome"],
+    "not_found, exists, invalid, conflict, unavailable, failed, cancelled).", ["subject", "outcome"],
 )
 COMMAND_SECONDS = Histogram(
     "jetsourcing_command_seconds", "Time from a command's arrival at the service to its reply.", ["subject"],

@@ -36,7 +36,7 @@ from eventstore.wire import check_metadata
 
 from .aggregate import Aggregate
 from .commands import CommandResult, RetryPolicy
-from .errors import AggregateNotFoundError
+from .errors import AggregateExistsError, AggregateNotFoundError
 from .events import register_events
 from .snapshots import Snapshot, SnapshotStore
 
@@ -302,6 +302,7 @@ class Repository(Generic[A]):
         command: Callable[[A], Awaitable[R]],
         *,
         create: bool = False,
+        exist_ok: bool = False,
         command_id: str | None = None,
         correlation_id: str | None = None,
         causation_id: str | None = None,
@@ -314,6 +315,7 @@ class Repository(Generic[A]):
         command: Callable[[A], R],
         *,
         create: bool = False,
+        exist_ok: bool = False,
         command_id: str | None = None,
         correlation_id: str | None = None,
         causation_id: str | None = None,
@@ -325,6 +327,7 @@ class Repository(Generic[A]):
         command: Callable[[A], Any],
         *,
         create: bool = False,
+        exist_ok: bool = False,
         command_id: str | None = None,
         correlation_id: str | None = None,
         causation_id: str | None = None,
@@ -338,9 +341,11 @@ class Repository(Generic[A]):
           nothing and is raised, never retried. A refusal (or a command that
           records nothing) is reported only after the command ran on state
           read from the store, never on a possibly stale cached copy.
-        * ``create=True`` runs the command on a new, empty aggregate when the
-          id has no events; otherwise a missing aggregate raises
-          :class:`AggregateNotFoundError`.
+        * ``create=True`` runs the command on a new, empty aggregate, and
+          raises :class:`AggregateExistsError` (storing nothing) when the id
+          has events already; ``exist_ok=True`` with it runs the command on
+          the aggregate as it is instead (create or update). Without
+          ``create`` a missing aggregate raises :class:`AggregateNotFoundError`.
         * ``command_id`` makes the command idempotent on this aggregate, at any
           age: running it again with the same id does not run the command,
           stores nothing and returns the first run's version and position
@@ -358,7 +363,8 @@ class Repository(Generic[A]):
         return value is returned as ``value``. Arguments are checked before
         anything is loaded: an id that cannot name a stream raises
         :class:`InvalidAggregateIdError`; a ``command`` that is not callable or
-        a ``create`` that is not a bool raises :class:`~eventstore.InvalidArgumentError`.
+        a ``create`` or ``exist_ok`` that is not a bool, or ``exist_ok``
+        without ``create``, raises :class:`~eventstore.InvalidArgumentError`.
         """
         aggregate_id = str(aggregate_id) if isinstance(aggregate_id, UUID) else aggregate_id
         if not isinstance(aggregate_id, str):  # the cache lookup below must not meet an unhashable id
@@ -368,6 +374,9 @@ class Repository(Generic[A]):
                 f"Invalid command: {command!r:.80} is not callable; pass a function taking the aggregate."
             )
         check_bool("create", create)
+        check_bool("exist_ok", exist_ok)
+        if exist_ok and not create:
+            raise InvalidArgumentError("exist_ok=True applies to a creating command: pass create=True with it.")
         cached = self._cache.get(aggregate_id)
         stream_id = cached.stream_id if cached is not None else self.aggregate_type._stream_id(aggregate_id)
         if command_id is not None and (not isinstance(command_id, str) or not command_id):
@@ -381,7 +390,9 @@ class Repository(Generic[A]):
         try:
             # Commands on one aggregate in this process take turns instead of racing to conflicts.
             async with lock:
-                return await self._execute(stream_id, aggregate_id, command, create, command_id, correlation_id, causation_id)
+                return await self._execute(
+                    stream_id, aggregate_id, command, create, exist_ok, command_id, correlation_id, causation_id
+                )
         finally:
             lock.users -= 1
             if not lock.users:
@@ -393,6 +404,7 @@ class Repository(Generic[A]):
         aggregate_id: str,
         command: Callable[[A], R | Awaitable[R]],
         create: bool,
+        exist_ok: bool,
         command_id: str | None,
         correlation_id: str | None,
         causation_id: str | None,
@@ -406,6 +418,10 @@ class Repository(Generic[A]):
             if command_id is not None and command_id in aggregate.commands:
                 # Applied before (even a stale copy's history is true): the first run's result, at any age.
                 return CommandResult(None, *aggregate.commands[command_id], True)
+            if create and not exist_ok and aggregate.version > 0:
+                # (Even a stale copy is proof: an aggregate's version never goes back.) A creation that lost a race
+                # to another writer conflicts below, and meets this check on its retry.
+                raise AggregateExistsError(self.aggregate_type.__name__, aggregate_id, aggregate.version)
             ran_at = aggregate.version
             value: R | None = None
             error: Exception | None = None

@@ -58,7 +58,7 @@ from .command_messages import (
     check_prefix,
     command_subject,
 )
-from .errors import AggregateNotFoundError, DomainError, InvalidAggregateIdError
+from .errors import AggregateExistsError, AggregateNotFoundError, DomainError, InvalidAggregateIdError
 from .metrics import COMMAND_SECONDS, COMMANDS
 from .repository import Repository
 
@@ -76,6 +76,7 @@ class _Route(Generic[A, M]):
     model: type[M]
     handler: Callable[[A, M], Any]
     create: bool
+    exist_ok: bool
 
 
 class CommandService:
@@ -131,12 +132,16 @@ class CommandService:
         *,
         name: str | None = None,
         create: bool = False,
+        exist_ok: bool = False,
     ) -> str:
         """Serve commands of type ``model`` with ``handler(aggregate, command)``; returns the subject.
 
         ``name`` (default: the model's class name) is the command's subject
-        token; ``create=True`` runs the handler on a new, empty aggregate when
-        the id has none. ``handler`` may be a coroutine function; what it
+        token; ``create=True`` runs the handler on a new, empty aggregate, and
+        answers a command for an id that has events already with
+        :class:`AggregateExistsError` (``exist_ok=True``: runs it on the
+        aggregate as it is), as :meth:`Repository.execute` does. ``handler``
+        may be a coroutine function; what it
         returns is sent back as ``value`` when it can be JSON. Add every
         command before :meth:`start`.
         """
@@ -147,6 +152,9 @@ class CommandService:
         if not callable(handler):
             raise InvalidArgumentError(f"A command's handler must be callable, not {handler!r:.80}.")
         check_bool("create", create)
+        check_bool("exist_ok", exist_ok)
+        if exist_ok and not create:
+            raise InvalidArgumentError("exist_ok=True applies to a creating command: pass create=True with it.")
         if self._subs:
             raise InvalidArgumentError("Add commands before the service starts; it is already serving.")
         subject = command_subject(
@@ -154,16 +162,22 @@ class CommandService:
         )
         if subject in self._routes:
             raise InvalidArgumentError(f"{subject} is served already; give one of the commands another name.")
-        self._routes[subject] = _Route(repository, model, handler, create)
+        self._routes[subject] = _Route(repository, model, handler, create, exist_ok)
         return subject
 
     def command(
-        self, repository: Repository[A], model: type[M], *, name: str | None = None, create: bool = False
+        self,
+        repository: Repository[A],
+        model: type[M],
+        *,
+        name: str | None = None,
+        create: bool = False,
+        exist_ok: bool = False,
     ) -> Callable[[Callable[[A, M], Any]], Callable[[A, M], Any]]:
         """Decorator form of :meth:`add`: the decorated function is the handler, returned unchanged."""
 
         def register(handler: Callable[[A, M], Any]) -> Callable[[A, M], Any]:
-            self.add(repository, model, handler, name=name, create=create)
+            self.add(repository, model, handler, name=name, create=create, exist_ok=exist_ok)
             return handler
 
         return register
@@ -308,6 +322,7 @@ class CommandService:
                 request["aggregate_id"],
                 lambda aggregate: handler(aggregate, command),
                 create=route.create,
+                exist_ok=route.exist_ok,
                 command_id=command_id,
                 correlation_id=headers.get(CORRELATION_ID_HEADER) or None,
             )
@@ -315,6 +330,8 @@ class CommandService:
             return _error("domain", str(exc), exc)
         except AggregateNotFoundError as exc:
             return _error("not_found", str(exc), exc)
+        except AggregateExistsError as exc:
+            return _error("exists", str(exc), exc)
         except (InvalidAggregateIdError, InvalidArgumentError, InvalidEventError) as exc:  # too large, say
             return _error("invalid", str(exc), exc)
         except ConcurrencyError as exc:

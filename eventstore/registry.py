@@ -174,14 +174,42 @@ class TypeRegistry:
         return obj
 
     def decode(self, type_name: str, schema_version: int, payload: bytes | str) -> BaseModel:
-        """Validate a stored payload into the current model, upcasting older schema versions first."""
+        """Validate a stored payload into the current model, upcasting older schema versions first.
+
+        Fields the model does not know are left out, even where the model
+        forbids them (``extra="forbid"``, as domain events do): that rule is
+        for constructing events in code, and a stored event stays readable
+        after a field was removed from its model.
+        """
         model, current = self.model_for(type_name)
         try:
             if schema_version == current:
-                return model.model_validate_json(payload)
-            return model.model_validate(self.upcast(type_name, schema_version, json.loads(payload)))
+                try:
+                    return model.model_validate_json(payload)
+                except ValidationError as exc:
+                    return _without_extra_fields(model, json.loads(payload), exc)
+            obj = self.upcast(type_name, schema_version, json.loads(payload))
+            try:
+                return model.model_validate(obj)
+            except ValidationError as exc:
+                return _without_extra_fields(model, obj, exc)
         except ValidationError as exc:
             raise EventDecodeError(
                 f"Stored {type_name!r} (schema version {schema_version}) does not validate against "
                 f"{model.__qualname__}: {exc}"
             ) from exc
+
+
+def _without_extra_fields(model: type[BaseModel], obj: Any, refused: ValidationError) -> BaseModel:
+    """``obj`` validated once more without the fields that ``refused`` named as extra; ``refused`` again if it
+    named anything else."""
+    errors = refused.errors()
+    if not errors or any(e["type"] != "extra_forbidden" or not e["loc"] for e in errors):
+        raise refused
+    for error in errors:
+        *path, key = error["loc"]
+        parent = obj
+        for step in path:
+            parent = parent[step]
+        del parent[key]
+    return model.model_validate(obj)

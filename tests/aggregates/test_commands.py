@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Any
 
 import pytest
 
-from aggregates import AggregateNotFoundError, CommandResult, Repository, RetryPolicy
-from eventstore import ConcurrencyError, EventStore, StreamId
+from aggregates import AggregateExistsError, AggregateNotFoundError, CommandResult, Repository, RetryPolicy
+from eventstore import ConcurrencyError, EventStore, InvalidArgumentError, StreamId
 
 from .domain import Account, AccountError, InsufficientFunds
 
@@ -48,10 +49,49 @@ async def test_execute_without_create_needs_an_existing_aggregate(
     assert await store.last_position() == 0
 
 
-async def test_a_create_command_on_an_existing_aggregate_meets_its_invariant(accounts: Repository[Account]) -> None:
+async def test_a_create_command_on_an_existing_aggregate_is_refused_and_stores_nothing(
+    accounts: Repository[Account], store: EventStore
+) -> None:
     await open_alice(accounts)
-    with pytest.raises(AccountError, match="already open"):
+    before = await store.version(ALICE)
+    with pytest.raises(AggregateExistsError, match=r"Account 'alice' exists already \(version 1\)") as refused:
         await accounts.execute("alice", lambda a: a.open("Mallory"), create=True)
+    assert (refused.value.aggregate, refused.value.aggregate_id, refused.value.version) == ("Account", "alice", 1)
+    assert "exist_ok=True" in str(refused.value)
+    assert await store.version(ALICE) == before
+    # Create-or-update is explicit: the command then runs on the aggregate as it is (here, its invariant refuses).
+    with pytest.raises(AccountError, match="already open"):
+        await accounts.execute("alice", lambda a: a.open("Mallory"), create=True, exist_ok=True)
+    result = await accounts.execute("bob", lambda a: a.open("Bob"), create=True, exist_ok=True)  # new: created
+    assert result.version == 1
+
+
+async def test_a_resent_creation_is_a_duplicate_not_an_existing_aggregate(store: EventStore) -> None:
+    first = await Repository(store, Account).execute("alice", lambda a: a.open("Alice"), create=True, command_id="c1")
+    for repository in (Repository(store, Account), Repository(store, Account, cache_size=0)):  # cold and warm
+        again = await repository.execute("alice", lambda a: a.open("Alice"), create=True, command_id="c1")
+        assert (again.duplicate, again.version, again.position) == (True, first.version, first.position)
+        with pytest.raises(AggregateExistsError):  # another command id: a second creation
+            await repository.execute("alice", lambda a: a.open("Alice"), create=True, command_id="c2")
+    assert await store.version(ALICE) == 1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "says"),
+    [
+        ({"exist_ok": True}, "exist_ok=True applies to a creating command: pass create=True with it."),
+        ({"create": True, "exist_ok": 1}, "exist_ok"),
+        ({"create": True, "exist_ok": "yes"}, "exist_ok"),
+        ({"create": True, "exist_ok": None}, "exist_ok"),
+    ],
+)
+async def test_exist_ok_is_checked_before_anything_runs(
+    accounts: Repository[Account], store: EventStore, kwargs: dict[str, Any], says: str
+) -> None:
+    ran: list[int] = []
+    with pytest.raises(InvalidArgumentError, match=re.escape(says)):
+        await accounts.execute("alice", lambda a: ran.append(1), **kwargs)
+    assert ran == [] and await store.version(ALICE) == 0
 
 
 async def test_concurrent_creates_one_wins(store: EventStore) -> None:
@@ -60,7 +100,7 @@ async def test_concurrent_creates_one_wins(store: EventStore) -> None:
 
     outcomes = await asyncio.gather(*(open_as(f"owner{n}") for n in range(4)), return_exceptions=True)
     assert sum(isinstance(o, CommandResult) for o in outcomes) == 1
-    assert all(isinstance(o, (CommandResult, AccountError)) for o in outcomes)
+    assert all(isinstance(o, (CommandResult, AggregateExistsError)) for o in outcomes), outcomes
     assert await store.version(ALICE) == 1
 
 

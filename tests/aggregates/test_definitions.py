@@ -67,6 +67,12 @@ def test_events_are_immutable_and_validated() -> None:
         Deposited(amount="lots")  # type: ignore[arg-type]
 
 
+def test_a_misspelt_field_is_refused_when_the_event_is_constructed() -> None:
+    with pytest.raises(ValidationError, match="amont") as refused:
+        Deposited(amount=5, amont=6)  # type: ignore[call-arg]
+    assert [e["type"] for e in refused.value.errors()] == ["extra_forbidden"]
+
+
 def test_mutable_events_are_refused() -> None:
     with pytest.raises(AggregateDefinitionError, match="immutable"):
 

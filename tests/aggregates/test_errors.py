@@ -25,7 +25,7 @@ ALICE = StreamId("Account", "alice")
 
 def test_every_error_derives_from_aggregate_error() -> None:
     errors = [v for v in vars(aggregates).values() if inspect.isclass(v) and issubclass(v, Exception)]
-    assert len(errors) == 14
+    assert len(errors) == 15
     assert all(issubclass(e, AggregateError) for e in errors)
     assert issubclass(UnregisteredEventError, UnknownEventTypeError)
     assert issubclass(InvalidStoredEventError, EventDecodeError)

@@ -16,6 +16,7 @@ import pytest
 from pydantic import BaseModel
 
 from aggregates import (
+    AggregateExistsError,
     AggregateNotFoundError,
     CommandClient,
     CommandConflictError,
@@ -122,6 +123,26 @@ async def test_errors_map_to_the_same_types_on_the_callers_side(served: CommandS
         await client.send(Account, "carol", Boom())
     with pytest.raises(InvalidCommandError, match="not a valid Deposit"):
         await client.send(Account, "carol", Open(owner="Carol"), name="Deposit")  # not the model served there
+
+
+async def test_a_creating_command_for_an_existing_aggregate_is_refused_over_nats(
+    served: CommandService, client: CommandClient, store: EventStore, prefix: str
+) -> None:
+    await client.send(Account, "erin", Open(owner="Erin"), command_id="open-erin")
+    again = await client.send(Account, "erin", Open(owner="Erin"), command_id="open-erin")  # a resend
+    assert again.duplicate and again.version == 1
+    with pytest.raises(AggregateExistsError, match=r"Account 'erin' exists already \(version 1\)") as refused:
+        await client.send(Account, "erin", Open(owner="Mallory"))
+    assert (refused.value.aggregate, refused.value.aggregate_id) == ("Account", "erin")
+    assert await store.version(StreamId("Account", "erin")) == 1
+    # A route that creates or updates runs on the aggregate as it is: here the aggregate's own invariant refuses.
+    upsert = CommandService(store, subject_prefix=f"{prefix}u")
+    upsert.add(Repository(store, Account), Open, lambda a, c: a.open(c.owner), create=True, exist_ok=True)
+    async with upsert:
+        with pytest.raises(CommandRejectedError, match="already open"):
+            await CommandClient(store, subject_prefix=f"{prefix}u").send(Account, "erin", Open(owner="Mallory"))
+    with pytest.raises(InvalidArgumentError, match="pass create=True with it"):
+        upsert.add(Repository(store, Account), Deposit, lambda a, c: a.deposit(c.amount), exist_ok=True)
 
 
 async def test_a_command_nobody_serves_is_unavailable_at_once(client: CommandClient) -> None:
