@@ -24,7 +24,7 @@ __all__ = ["Deposit", "OpenAccount", "Withdraw", "command_service"]
 
 
 class OpenAccount(BaseModel):
-    """Open a new account for ``owner`` (refused if the account is open already)."""
+    """Open a new account for ``owner`` (refused with ``AggregateExistsError`` if the account exists already)."""
 
     owner: str
 

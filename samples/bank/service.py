@@ -29,7 +29,7 @@ class Bank:
         self.transfers = Repository(store, Transfer, cache_size=cache_size)
 
     async def open_account(self, account_id: str, owner: str) -> None:
-        """Open a new account; refused (:class:`~samples.bank.account.BankError`) if it is already open."""
+        """Open a new account; refused (:class:`aggregates.AggregateExistsError`) if the account exists already."""
         await self.accounts.execute(account_id, lambda a: a.open(owner), create=True)
 
     async def deposit(self, account_id: str, amount: int, value_date: date, *, command_id: str | None = None) -> int:

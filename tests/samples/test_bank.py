@@ -10,7 +10,7 @@ from datetime import date
 
 import pytest
 
-from aggregates import CommandClient, CommandRejectedError, Repository
+from aggregates import AggregateExistsError, CommandClient, CommandRejectedError, Repository
 from eventstore import EventStore, StreamId
 from projections import MemoryStore, fold
 from samples.bank.commands import Deposit, OpenAccount, Withdraw, command_service
@@ -61,7 +61,7 @@ async def test_an_overdraft_is_refused_and_stores_nothing(bank: Bank, store: Eve
     assert await bank.withdraw("alice", 100_00, DAY) == 0  # the whole balance is fine
     with pytest.raises(BankError, match="positive"):
         await bank.deposit("alice", 0, DAY)
-    with pytest.raises(BankError, match="already open"):
+    with pytest.raises(AggregateExistsError, match="Account 'alice' exists already"):
         await bank.open_account("alice", "Mallory")
 
 
