@@ -21,7 +21,6 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .errors import InvalidArgumentError
 from .events import RecordedEvent
 from .settings import EventStoreSettings
 from .store import EventStore
@@ -95,21 +94,37 @@ def events_main(argv: Sequence[str] | None = None) -> int:
     tail.add_argument("--category", action="append", help="only this category (repeat for more)")
     tail.add_argument("--entity", help="only this entity id (give exactly one --category)")
     tail.add_argument("-n", "--positions", type=int, default=10,
-                      help="start this many stream positions back from the end (default 10)")
+                      help="start this many stream positions back from the end (default 10); with --entity, "
+                      "this many of the entity's last events")
     tail.add_argument("--from-position", type=int, help="start at this stream position instead")
     tail.add_argument("--no-follow", action="store_true", help="stop at the stream's end instead of following")
     _connection_options(tail)
     args = parser.parse_args(argv)
+    # Usage errors exit 2, as argparse's own do.
     if args.entity is not None and (not args.category or len(args.category) != 1):
-        raise InvalidArgumentError("--entity needs exactly one --category: an entity id is unique within a category.")
-    if args.positions < 0 or (args.from_position is not None and args.from_position < 1):
-        raise InvalidArgumentError("-n must be 0 or more and --from-position 1 or more.")
+        tail.error("--entity needs exactly one --category: an entity id is unique within a category.")
+    if args.positions < 0:
+        tail.error(f"-n {args.positions}: give 0 or more.")
+    if args.from_position is not None and args.from_position < 1:
+        tail.error(f"--from-position {args.from_position}: give a stream position, 1 or more.")
     return asyncio.run(_tail(args))
 
 
 async def _tail(args: argparse.Namespace) -> int:
     async with EventStore.connect(_settings(args), create_stream=False) as store:
-        start = args.from_position or max(1, await store.last_position() - args.positions + 1)
+        start = args.from_position
+        if args.entity is not None:
+            stream_id = StreamId(args.category[0], args.entity)
+            if start is None:  # the entity's last n events, then what follows them
+                history = await store.read(stream_id, consistent=True)
+                shown = history[len(history) - args.positions:] if args.positions else []
+                for event in shown:
+                    _show(event, args.json)
+                if args.no_follow:
+                    return 0
+                start = (history[-1].position + 1) if history else max(1, await store.last_position() + 1)
+        elif start is None:
+            start = max(1, await store.last_position() - args.positions + 1)
         reading = (store.read_all(from_position=start, categories=args.category) if args.no_follow
                    else store.subscribe(from_position=start, categories=args.category))
         async for batch in reading:

@@ -24,7 +24,9 @@ setting can also be given as ``JETSOURCING_<FIELD>`` (see
 (also when a reader of the output, such as ``head``, stopped reading), 1 a
 projection stopped with an error, a rebuild failed or the server could not
 be used, 2 usage errors (arguments, settings, import paths), 130 after
-Ctrl-C, 128 + the signal's number when a stop had to be forced.
+Ctrl-C, 128 + the signal's number when a stop had to be forced or a signal
+left a rebuild unfinished (143 after SIGTERM; ``run`` and ``serve``, whose
+work is to run until stopped, exit 0 after SIGTERM).
 Every error ends the command with one line ``jetsourcing: <what is wrong and
 what to do>`` on stderr (an unreachable server within the request timeout);
 ``--debug`` adds the traceback.
@@ -56,7 +58,7 @@ from .dead_letter_commands import (
     read_dead_letters,
     retry_dead_letters,
 )
-from .errors import ProjectionError, ProjectionLoadError
+from .errors import ProjectionError, ProjectionLoadError, RebuildError
 from .loading import load_projection
 from .logs import configure_logging
 from .metrics import serve_metrics
@@ -149,14 +151,15 @@ def _settings(args: argparse.Namespace) -> ProjectionSettings:
         values["lease_bucket"] = args.lease_bucket
     if getattr(args, "error_policy", None):
         values["error_policy"] = args.error_policy
-    if getattr(args, "batch_size", None):
+    if getattr(args, "batch_size", None) is not None:  # 0 too: the settings refuse it, as from the environment
         values["rebuild_batch_size" if args.command == "rebuild" else "batch_size"] = args.batch_size
     return ProjectionSettings(**values)
 
 
 def _rebuild_until_signal(projection: Projection, settings: ProjectionSettings, resume: bool) -> RebuildResult:
     """Rebuild; SIGINT/SIGTERM stop it cleanly (readers keep the old model; the shadow is kept for --resume), a
-    second signal or ``shutdown_timeout_s`` cancels it (see :class:`SignalShutdown`)."""
+    second signal or ``shutdown_timeout_s`` cancels it (see :class:`SignalShutdown`). A rebuild a signal stopped
+    ends the process with 128 + the signal's number (130 after Ctrl-C), as an interrupted command does."""
     stop = asyncio.Event()
     shutdown = SignalShutdown(stop.set, settings.shutdown_timeout_s)
     try:
@@ -164,6 +167,11 @@ def _rebuild_until_signal(projection: Projection, settings: ProjectionSettings, 
                                     stop=stop, resume=resume))
     except asyncio.CancelledError:
         raise SystemExit(shutdown.exit_code) from None
+    except RebuildError as exc:
+        if shutdown.first_signal is None:
+            raise
+        print(f"jetsourcing: {exc}", file=sys.stderr)
+        raise SystemExit(128 + shutdown.first_signal.value) from None
 
 
 def _add_global_options(parser: argparse.ArgumentParser) -> None:
@@ -210,6 +218,13 @@ def _run_plugin(entry: EntryPoint, argv: list[str]) -> int:
     try:
         _start(args)
         command = entry.load()
+        if {"-h", "--help"} & set(rest):
+            try:
+                return int(command(rest))
+            finally:  # after the command's own help: the options taken off before it ran
+                listed = argparse.ArgumentParser(usage=argparse.SUPPRESS, add_help=False)
+                _add_global_options(listed)
+                print("\n" + listed.format_help().replace("options:", "options of every jetsourcing command:", 1))
         return int(command(rest))
     except KeyboardInterrupt:
         return 130

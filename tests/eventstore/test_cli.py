@@ -75,7 +75,23 @@ async def test_events_tail_filters_by_category_and_entity(store: EventStore) -> 
     code, out, _ = await run(store, "events", "tail", "--no-follow", "-n", "1")  # the last position only
     assert out.startswith("#4.0  Memo/m1  v1  Note") and '"text": "line one\\nline two"' in out, out
     code, _, err = await run(store, "events", "tail", "--entity", "bob")
-    assert code == 1 and err.startswith("jetsourcing: --entity needs exactly one --category"), err
+    assert code == 2 and "error: --entity needs exactly one --category" in err, err
+
+
+async def test_events_tail_n_with_an_entity_counts_the_entitys_events(store: EventStore) -> None:
+    await history(store)  # alice: versions 1 (position 1) and 2, 3 (position 3); then bob and a memo
+    for _ in range(3):
+        await store.append(StreamId("Memo", "m1"), [Note(text="later")])  # positions the entity does not have
+    code, out, err = await run(store, "events", "tail", "--no-follow", "--category", "Account", "--entity", "alice",
+                               "-n", "2", "--json")
+    assert code == 0, err
+    assert [json.loads(line)["version"] for line in out.splitlines()] == [2, 3]
+    code, out, _ = await run(store, "events", "tail", "--no-follow", "--category", "Account", "--entity", "alice",
+                             "-n", "10", "--json")
+    assert [json.loads(line)["version"] for line in out.splitlines()] == [1, 2, 3]
+    code, out, _ = await run(store, "events", "tail", "--no-follow", "--category", "Account", "--entity", "alice",
+                             "-n", "0")
+    assert (code, out) == (0, "")
 
 
 async def test_events_tail_follows_live_until_ctrl_c(store: EventStore) -> None:
@@ -104,8 +120,8 @@ async def test_events_tail_follows_live_until_ctrl_c(store: EventStore) -> None:
 
 @pytest.mark.parametrize("bad", [["-n", "-1"], ["--from-position", "0"], ["--positions", "x"]])
 async def test_events_tail_refuses_bad_positions(store: EventStore, bad: list[str]) -> None:
-    code, _, err = await run(store, "events", "tail", "--no-follow", *bad)
-    assert code in (1, 2) and err.strip(), err
+    code, out, err = await run(store, "events", "tail", "--no-follow", *bad)
+    assert code == 2 and out == "" and "error:" in err and "Traceback" not in err, err
 
 
 @pytest.mark.parametrize("args", [("entity", "show", "Account", "a"), ("events", "tail"),

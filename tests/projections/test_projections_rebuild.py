@@ -197,6 +197,27 @@ async def test_two_rebuilds_at_once_are_refused(es: EventStore, psettings: Proje
         proc.wait()
 
 
+async def test_ctrl_c_ends_a_rebuild_with_130_and_keeps_its_progress(
+    es: EventStore, psettings: ProjectionSettings
+) -> None:
+    await append_workload(es, workload(1500, accounts=100))
+    await burst([AccountBalances()], psettings, es)
+    proc = spawn(psettings, "rebuild", "projection_examples:SlowBalances", "--batch-size", "50",
+                 stderr=subprocess.PIPE)
+    try:
+        await wait_until(lambda: building(psettings) > 0, 30, "the rebuild to make progress")
+        proc.send_signal(signal.SIGINT)
+        _, stderr = await asyncio.to_thread(proc.communicate, timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    lines = stderr.decode().strip().splitlines()
+    assert proc.returncode == 130, stderr
+    assert lines[-1].startswith("jetsourcing: Rebuild of 'account_balances' cancelled") and "--resume" in lines[-1]
+    assert "Traceback" not in stderr.decode()
+
+
 @both_stores
 async def test_sigterm_keeps_a_rebuilds_progress_and_resumed_rebuilds_go_on_from_it(
     es: EventStore, psettings: ProjectionSettings
@@ -211,7 +232,7 @@ async def test_sigterm_keeps_a_rebuilds_progress_and_resumed_rebuilds_go_on_from
     await wait_until(lambda: building(psettings) > 0, 20, "the rebuild to make progress")
     proc.send_signal(signal.SIGTERM)
     _, stderr = await asyncio.to_thread(proc.communicate, timeout=30)
-    assert proc.returncode == 1 and b"cancelled; readers still see the old model" in stderr
+    assert proc.returncode == 128 + signal.SIGTERM.value and b"cancelled; readers still see the old model" in stderr
     assert b"jetsourcing rebuild --resume" in stderr
     kept = building(psettings)
     assert 0 < kept < total and dump(psettings, "account_balances") == before

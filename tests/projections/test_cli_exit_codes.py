@@ -1,0 +1,45 @@
+"""One exit-code table for every sub-command: 2 a usage error, 1 a failure, 130 after Ctrl-C; and the options
+every command takes are in each one's --help."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from projections import ProjectionSettings
+
+from projection_helpers import cli, cli_env
+
+
+def _run(settings: ProjectionSettings, *args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    done = subprocess.run(cli(*args), env={**cli_env(settings), **(env or {})}, capture_output=True, text=True,
+                          timeout=60)
+    return done.returncode, done.stdout, done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "env"),
+    [
+        (("run", "projection_examples:AccountBalances", "--batch-size", "0"), {}),
+        (("run", "projection_examples:AccountBalances"), {"JETSOURCING_BATCH_SIZE": "0"}),
+        (("rebuild", "projection_examples:AccountBalances", "--batch-size", "0"), {}),
+        (("rebuild", "projection_examples:AccountBalances"), {"JETSOURCING_REBUILD_BATCH_SIZE": "0"}),
+    ],
+    ids=["run-option", "run-environment", "rebuild-option", "rebuild-environment"],
+)
+def test_a_batch_size_of_0_is_a_usage_error_from_the_option_as_from_the_environment(
+    psettings: ProjectionSettings, args: tuple[str, ...], env: dict[str, str]
+) -> None:
+    code, out, err = _run(psettings, *args, env=env)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "batch_size" in lines[0] and "greater than or equal to 1" in lines[0], (code, err)
+
+
+@pytest.mark.parametrize("command", [("serve",), ("events", "tail"), ("entity", "show"), ("server",)])
+def test_every_command_lists_the_options_every_command_takes(psettings: ProjectionSettings, command: tuple[str, ...]) -> None:
+    code, out, err = _run(psettings, *command, "--help")
+    assert code == 0, err
+    assert "options of every jetsourcing command:" in out
+    for option in ("--log-level", "--log-format", "--metrics-port", "--debug"):
+        assert option in out, option
