@@ -1,4 +1,4 @@
-"""``pip install jetsourcing`` without extras: the event store, aggregates and projections, and no Spark.
+"""``pip install .`` without extras: the event store, aggregates and projections, no Spark and no demo code.
 
 A fresh virtualenv gets the package as a user installs it (a wheel built from a
 copy of this checkout, without extras), then imports it in a new process.
@@ -7,6 +7,7 @@ copy of this checkout, without extras), then imports it in a new process.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import textwrap
@@ -26,7 +27,8 @@ CHECK = textwrap.dedent(
         spark = "imported"
     except ImportError as exc:
         spark = str(exc)
-    print(json.dumps({"heavy": heavy, "native": native.ACTIVE, "spark": spark}))
+    samples = importlib.util.find_spec("samples") is not None
+    print(json.dumps({"heavy": heavy, "native": native.ACTIVE, "spark": spark, "samples": samples}))
     """
 )
 
@@ -46,10 +48,13 @@ def test_the_core_installs_and_imports_without_spark(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=600,
     )
     assert installed.returncode == 0, installed.stderr[-3000:]
-    checked = subprocess.run([str(python), "-c", CHECK], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # only what the install brought
+    checked = subprocess.run([str(python), "-c", CHECK], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                             env=clean)
     assert checked.returncode == 0, checked.stderr[-3000:]
     found = json.loads(checked.stdout.splitlines()[-1])
     assert found["heavy"] == [], f"the core install brought {found['heavy']}"
+    assert found["samples"] is False, "the demo's code was installed as a top-level 'samples' package"
     assert found["native"] == "native", found["native"]  # the accelerator's abi3 build came with the wheel
     assert "pip install 'jetsourcing[spark]'" in found["spark"], found["spark"]
     cli = subprocess.run([str(env_dir / "bin" / "jetsourcing"), "--help"], capture_output=True, text=True, timeout=60)
