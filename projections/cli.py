@@ -49,6 +49,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from eventstore import EventStoreError, EventStoreSettings, ImportPathError
+from eventstore.security import redact_url
 
 from .daemon import SignalShutdown, run_daemon
 from .dead_letter_commands import (
@@ -271,6 +272,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(format_status(statuses))
             if reactors:
                 print("\n" + format_reactor_status(reactors))
+        if reactors is None:  # what the read models say is shown; what only the server knows is not
+            url = redact_url(settings.eventstore.nats_url or "") or "(no NATS_URL set)"
+            print(f"jetsourcing: NATS at {url} could not be asked: the lag and the "
+                  "reactors are unknown (shown as ?). Check NATS_URL and that the server runs.", file=sys.stderr)
+            return 1
         return 0
     except (ProjectionLoadError, ValidationError) as exc:
         return _fail(args, exc, 2)

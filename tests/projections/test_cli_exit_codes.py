@@ -7,9 +7,11 @@ import subprocess
 
 import pytest
 
+from eventstore import EmbeddedServer, EventStore
 from projections import ProjectionSettings
 
-from projection_helpers import cli, cli_env
+from projection_examples import AccountBalances, append_workload, workload
+from projection_helpers import burst, cli, cli_env
 
 
 def _run(settings: ProjectionSettings, *args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
@@ -43,3 +45,16 @@ def test_every_command_lists_the_options_every_command_takes(psettings: Projecti
     assert "options of every jetsourcing command:" in out
     for option in ("--log-level", "--log-format", "--metrics-port", "--debug"):
         assert option in out, option
+
+
+async def test_status_with_the_server_down_shows_what_the_read_models_know_and_says_so(
+    es: EventStore, psettings: ProjectionSettings
+) -> None:
+    await append_workload(es, workload(20, accounts=5))
+    await burst([AccountBalances()], psettings, es)
+    down = f"nats://127.0.0.1:{EmbeddedServer().port}"  # a free port: nothing listens
+    code, out, err = _run(psettings, "status", env={"NATS_URL": down, "JETSOURCING_REQUEST_TIMEOUT_S": "1"})
+    lines = err.strip().splitlines()
+    assert code == 1, (code, out, err)
+    assert len(lines) == 1 and lines[0].startswith(f"jetsourcing: NATS at {down} could not be asked"), err
+    assert "account_balances" in out, "the read models' own status is still shown"
