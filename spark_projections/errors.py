@@ -230,3 +230,10 @@ def root_cause(error: BaseException) -> str:
         if line and not line.startswith("An error occurred while calling"):
             return line
     return type(error).__name__
+
+
+NO_SERVER = (
+    "No NATS server is set: Spark reads the events from a running server. Set NATS_URL (or settings.nats_url), "
+    "e.g. to the URL `jetsourcing server` prints."
+)
+"""What every Spark entry point says when it is given no server (it never starts an empty embedded one)."""

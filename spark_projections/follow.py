@@ -61,7 +61,7 @@ from pyspark.sql.types import StructType
 from eventstore import EventStoreSettings, TypeRegistry
 from projections import ErrorPolicy
 from spark_projections.delta import recorded_position
-from spark_projections.errors import SparkProjectionError, root_cause
+from spark_projections.errors import NO_SERVER, SparkProjectionError, root_cause
 from spark_projections.executors import preflight
 from spark_projections.projection import (
     AnyProjection,
@@ -225,7 +225,7 @@ def follow(
     gone while the checkpoint remains, before anything starts.
     """
     if settings.nats_url is None:
-        raise FollowError("follow needs settings.nats_url (or NATS_URL): Spark must reach a running server.")
+        raise FollowError(NO_SERVER)
     if not (isinstance(trigger_s, (int, float)) and not isinstance(trigger_s, bool) and trigger_s > 0):
         raise FollowError(f"trigger_s must be a positive number of seconds, not {trigger_s!r}.")
     if isinstance(projection, DataFrameProjection) and projection.combine is None:

@@ -78,7 +78,7 @@ from eventstore.jetstream import Subjects
 from spark_projections._batches import EVENTS_SCHEMA
 from spark_projections._options import DEFAULT_BATCH, Options
 from spark_projections._range_reader import open_connection, read_range
-from spark_projections.errors import EventSourceError
+from spark_projections.errors import NO_SERVER, EventSourceError
 from spark_projections.executors import preflight
 from spark_projections.stream import StreamOptions, StreamReader
 
@@ -227,9 +227,7 @@ def read_events(
     a read that needs few columns is cheaper (Spark cannot prune them itself).
     """
     if settings.nats_url is None:
-        raise EventSourceError(
-            "read_events needs settings.nats_url (or NATS_URL): Spark executors must reach a running server."
-        )
+        raise EventSourceError(NO_SERVER)
     preflight(spark, settings)
     register(spark)
     reader = (
@@ -266,7 +264,7 @@ def settings_options(settings: EventStoreSettings) -> dict[str, str]:
 async def stream_bounds(settings: EventStoreSettings) -> tuple[int, int]:
     """The (first, last) position of ``settings``' stream, asked from the server; (1, 0) when it is empty."""
     if settings.nats_url is None:
-        raise EventSourceError("stream_bounds needs settings.nats_url (or NATS_URL).")
+        raise EventSourceError(NO_SERVER)
     try:
         async with EventStore.connect(settings, create_stream=False) as store:
             info = await store.info()

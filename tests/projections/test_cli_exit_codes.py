@@ -4,6 +4,7 @@ every command takes are in each one's --help."""
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -58,3 +59,13 @@ async def test_status_with_the_server_down_shows_what_the_read_models_know_and_s
     assert code == 1, (code, out, err)
     assert len(lines) == 1 and lines[0].startswith(f"jetsourcing: NATS at {down} could not be asked"), err
     assert "account_balances" in out, "the read models' own status is still shown"
+
+
+def test_spark_without_a_server_says_so_in_the_users_terms(psettings: ProjectionSettings, tmp_path: Path) -> None:
+    env = {k: v for k, v in cli_env(psettings).items() if k != "NATS_URL"}
+    done = subprocess.run(cli("spark", "rebuild", "projection_examples:Movements", "--root", str(tmp_path / "delta")),
+                          env=env, capture_output=True, text=True, timeout=120)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert lines[0].startswith("jetsourcing: No NATS server is set") and "NATS_URL" in lines[0], lines
+    assert "stream_bounds" not in lines[0] and "settings.nats_url needs" not in lines[0]
