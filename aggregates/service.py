@@ -338,7 +338,8 @@ class CommandService:
             return _error("conflict", f"{exc} The service gave up after {route.repository.retry.attempts} attempts.", exc)
         except ServerUnavailableError as exc:
             return _error("unavailable", str(exc), exc)
-        except EventStoreError as exc:
+        except EventStoreError as exc:  # the store's own, e.g. a stored event that no longer decodes
+            log.error("command on %s failed: %s", msg.subject, exc)
             return _error("failed", str(exc), exc)
         answer: dict[str, Any] = {
             "ok": True, "version": result.version, "position": result.position, "duplicate": result.duplicate,

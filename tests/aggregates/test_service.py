@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import json
 import signal
 import subprocess
@@ -33,6 +34,8 @@ from aggregates import (
 from eventstore import EventStore, EventStoreSettings, InvalidArgumentError, StreamId
 
 from tests.conftest import unique_settings
+
+from .conftest import RawPublish
 
 from .domain import Account
 
@@ -143,6 +146,22 @@ async def test_a_creating_command_for_an_existing_aggregate_is_refused_over_nats
             await CommandClient(store, subject_prefix=f"{prefix}u").send(Account, "erin", Open(owner="Mallory"))
     with pytest.raises(InvalidArgumentError, match="pass create=True with it"):
         upsert.add(Repository(store, Account), Deposit, lambda a, c: a.deposit(c.amount), exist_ok=True)
+
+
+async def test_a_command_that_fails_on_the_service_side_is_logged_there(
+    served: CommandService, client: CommandClient, raw_publish: RawPublish, caplog: pytest.LogCaptureFixture
+) -> None:
+    await client.send(Account, "fay", Open(owner="Fay"))
+    with caplog.at_level(logging.ERROR, logger="aggregates.service"):
+        with pytest.raises(CommandFailedError, match="RuntimeError: a bug in the handler"):
+            await client.send(Account, "fay", Boom())
+        await raw_publish(StreamId("Account", "zed"), "Opened", 1, b'{"owner": 5}', 1)  # stored, but not an Opened
+        with pytest.raises(CommandFailedError, match="zed"):
+            await client.send(Account, "zed", Deposit(amount=1))
+    failed = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(failed) == 2, [r.getMessage() for r in caplog.records]
+    assert failed[0].exc_info is not None and "Boom" in failed[0].getMessage()  # the bug, with its traceback
+    assert "Deposit" in failed[1].getMessage() and "zed" in failed[1].getMessage()
 
 
 async def test_a_command_nobody_serves_is_unavailable_at_once(client: CommandClient) -> None:
