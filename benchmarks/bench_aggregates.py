@@ -175,7 +175,7 @@ async def run_commands(
 
     async def worker() -> None:
         for i in counter:
-            await repo.execute(ids[i % len(ids)], lambda a: a.deposit(1), create=create)
+            await repo.execute(ids[i % len(ids)], lambda a: a.deposit(1), create=create, exist_ok=create)
 
     started = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))

@@ -266,7 +266,7 @@ class Workload:
         if command.kind == "command":
             (entity, parts), = command.parts.items()
             result = await self.repository.execute(
-                entity, lambda tally: tally.step(command.id, parts), create=True, command_id=command.id
+                entity, lambda tally: tally.step(command.id, parts), create=True, exist_ok=True, command_id=command.id
             )
             self.ledger.duplicate_acks += result.duplicate
             return {entity: (result.position, result.version)}
