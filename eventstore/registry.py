@@ -187,12 +187,12 @@ class TypeRegistry:
                 try:
                     return model.model_validate_json(payload)
                 except ValidationError as exc:
-                    return _without_extra_fields(model, json.loads(payload), exc)
+                    return _without_extra_fields(model, lambda: json.loads(payload), exc)
             obj = self.upcast(type_name, schema_version, json.loads(payload))
             try:
                 return model.model_validate(obj)
             except ValidationError as exc:
-                return _without_extra_fields(model, obj, exc)
+                return _without_extra_fields(model, lambda: obj, exc)
         except ValidationError as exc:
             raise EventDecodeError(
                 f"Stored {type_name!r} (schema version {schema_version}) does not validate against "
@@ -200,12 +200,13 @@ class TypeRegistry:
             ) from exc
 
 
-def _without_extra_fields(model: type[BaseModel], obj: Any, refused: ValidationError) -> BaseModel:
-    """``obj`` validated once more without the fields that ``refused`` named as extra; ``refused`` again if it
-    named anything else."""
+def _without_extra_fields(model: type[BaseModel], load: Callable[[], Any], refused: ValidationError) -> BaseModel:
+    """The object ``load`` gives, validated once more without the fields that ``refused`` named as extra;
+    ``refused`` again if it named anything else (invalid JSON, say, which is then never parsed)."""
     errors = refused.errors()
     if not errors or any(e["type"] != "extra_forbidden" or not e["loc"] for e in errors):
         raise refused
+    obj = load()
     for error in errors:
         *path, key = error["loc"]
         parent = obj

@@ -47,3 +47,16 @@ def test_upcasters_chain_and_gaps_are_reported() -> None:
     gappy.register_upcaster("Moved", 2, lambda d: d)
     with pytest.raises(EventDecodeError, match="no upcaster from version 1 to 2"):
         gappy.decode("Moved", 1, b"{}")
+
+
+def test_a_stored_payload_that_is_not_json_is_a_decode_error_also_for_a_model_that_forbids_extra_fields() -> None:
+    class Strict(BaseModel):
+        model_config = {"extra": "forbid"}
+        n: int
+
+    registry = TypeRegistry()
+    registry.register(Strict)
+    for payload in (b"{not json", b'{"n": 1, "n2": '):
+        with pytest.raises(EventDecodeError, match="does not validate"):
+            registry.decode("Strict", 1, payload)
+    assert registry.decode("Strict", 1, b'{"n": 1, "gone": 2}') == Strict(n=1)  # an extra field is left out
