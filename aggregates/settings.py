@@ -21,7 +21,7 @@ __all__ = ["CommandServiceSettings"]
 class CommandServiceSettings(BaseSettings):
     """How a :class:`~aggregates.CommandService` serves (immutable)."""
 
-    model_config = SettingsConfigDict(env_prefix="JETSOURCING_COMMAND_", frozen=True, extra="forbid")
+    model_config = SettingsConfigDict(env_prefix="JETSOURCING_COMMAND_", frozen=True, extra="forbid", env_ignore_empty=True)
 
     eventstore: EventStoreSettings = Field(
         default_factory=EventStoreSettings, description="Server URL and stream (NATS_URL, JETSOURCING_STREAM, ...)."

@@ -367,7 +367,7 @@ class EventStore:
     # -- the stream ---------------------------------------------------------
 
     def stream_config(self) -> StreamConfig:
-        """The stream settings an event store needs (see the README's 'Stream layout')."""
+        """The stream settings an event store needs (see "Stream layout" in docs/concepts/event-store.md)."""
         s = self.settings
         limited = s.max_msgs is not None or s.max_bytes is not None
         return StreamConfig(
@@ -390,7 +390,7 @@ class EventStore:
         """Create the stream if it does not exist, then check it. Never changes an existing stream.
 
         The check is an allow-list over every setting the server reports
-        (:mod:`eventstore.stream_check`, the README's "Stream settings"): a
+        (:mod:`eventstore.stream_check`, "Stream layout" in docs/concepts/event-store.md): a
         stream under whose settings an acknowledged event could vanish, be
         rewritten or go unacknowledged (an age limit, a per-entity limit,
         rollups, message TTLs, memory storage, ...) is refused with
@@ -475,7 +475,7 @@ class EventStore:
         Calling again with the same ``idempotency_key`` stores nothing new and
         returns the first call's result with ``duplicate=True`` (for an ``ANY``
         append, within the duplicate window, or after it only when the entity
-        moved on since: see the README's "Idempotency").
+        moved on since: see "Idempotency" in docs/concepts/guarantees.md).
         """
         request = EntityAppend(stream_id, events, expected_version, expected_position)
         results = await self._appender.append(

@@ -112,7 +112,7 @@ class Header:
 
 PREVIOUS_COMMITS: Final = 8
 """How many earlier commits' positions a commit's ``Es-Previous`` holds: a load fetches that many commits per
-round trip (at most about 70 header bytes per commit; see the README's "Reading" for the measurements)."""
+round trip (at most about 70 header bytes per commit; see "Reading" in docs/concepts/event-store.md for the measurements)."""
 
 
 # Printable ASCII but '%' (the escape character) passes through escape_key unchanged, so the
