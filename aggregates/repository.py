@@ -35,14 +35,17 @@ from eventstore.validation import check_bool, check_int
 from eventstore.wire import check_metadata
 
 from .aggregate import Aggregate
-from .commands import CommandResult, RetryPolicy
+from .commands import CacheStats, CommandResult, RetryPolicy
 from .errors import AggregateExistsError, AggregateNotFoundError
 from .events import register_events
+from .metrics import AGGREGATE_CACHE
 from .snapshots import Snapshot, SnapshotStore
 
 __all__ = ["Repository"]
 
 log = logging.getLogger("jetsourcing.aggregates")
+
+_CACHE_FIELDS = {"hit": "hits", "stale": "stale", "miss": "misses"}
 
 A = TypeVar("A", bound=Aggregate[Any])
 R = TypeVar("R")
@@ -92,6 +95,8 @@ class Repository(Generic[A]):
         self.retry = retry
         self.cache_size = cache_size
         self._cache: OrderedDict[str, A] = OrderedDict()
+        self.cache_stats = CacheStats()
+        """How this repository's commands found their aggregate in the cache (see :class:`CacheStats`)."""
         self._locks: dict[str, _CountedLock] = {}
         self._registered: set[type[Aggregate[Any]]] = set()
         self._register(aggregate_type)
@@ -412,9 +417,13 @@ class Repository(Generic[A]):
         conflicts = 0
         refresh = False
         next_copy: tuple[A, bool] | None = None
+        counted = False  # the cache's part is counted once per command, by its first copy's fate
         while True:
+            first = next_copy is None and not refresh
             aggregate, checked = next_copy or await self._checkout(aggregate_id, create=create, refresh=refresh)
             next_copy = None
+            if first and checked:
+                counted = self._count_cache("miss")
             if command_id is not None and command_id in aggregate.commands:
                 # Applied before (even a stale copy's history is true): the first run's result, at any age.
                 return CommandResult(None, *aggregate.commands[command_id], True)
@@ -435,8 +444,10 @@ class Repository(Generic[A]):
                     # A refusal or a no-op must not rest on a stale cached copy: rerun if the store moved on.
                     fresh = await self._checkout(aggregate_id, create=create, refresh=True)
                     if fresh[0].version != ran_at:
+                        counted = counted or self._count_cache("stale")
                         next_copy = fresh
                         continue
+                counted = counted or self._count_cache("hit")
                 if error is not None:
                     raise error
                 return CommandResult(value, aggregate.version, aggregate.position)
@@ -452,12 +463,14 @@ class Repository(Generic[A]):
                     causation_id=causation_id,
                 )
             except ConcurrencyError:
+                counted = counted or self._count_cache("stale")
                 conflicts += 1
                 if conflicts >= self.retry.attempts:
                     raise
                 await asyncio.sleep(self.retry.delay_s(conflicts - 1))
                 refresh = True
                 continue
+            counted = counted or self._count_cache("hit")
             if result.duplicate:  # the event store reports the first write's versions
                 return CommandResult(None, result.last_version, result.position, True)
             aggregate._committed(result.last_version, result.position, command_id)
@@ -484,6 +497,12 @@ class Repository(Generic[A]):
         return aggregate, True
 
     # -- cache ----------------------------------------------------------------
+
+    def _count_cache(self, outcome: str) -> bool:
+        """Count one command's cache outcome ("hit", "stale" or "miss"); True, for the caller's ``counted``."""
+        setattr(self.cache_stats, _CACHE_FIELDS[outcome], getattr(self.cache_stats, _CACHE_FIELDS[outcome]) + 1)
+        AGGREGATE_CACHE.labels(self.aggregate_type.category, outcome).inc()
+        return True
 
     def _cache_get(self, aggregate_id: str) -> A | None:
         aggregate = self._cache.get(aggregate_id)

@@ -13,7 +13,12 @@
 
 Every process that serves the same subjects with the same ``queue`` shares
 the work: NATS hands each request to exactly one of them, so more processes
-serve more commands. Each request runs through :meth:`Repository.execute`
+serve more commands. With routing (the default), the workers split the
+aggregate ids into partitions (:mod:`aggregates.routing`, listed in a key-value
+bucket by :mod:`aggregates.membership`): a client sends a command on its
+aggregate's partition subject, so one aggregate's commands reach one worker
+while it lives and that worker's cache stays current; the partitions move by
+themselves when workers join, leave or die. Each request runs through :meth:`Repository.execute`
 (retries on conflicts, the command id as the idempotency key), so a client
 that resends a command with the same id after a timeout or a crashed worker
 gets it applied once. The wire format is in :mod:`aggregates.command_messages`.
@@ -59,8 +64,10 @@ from .command_messages import (
     command_subject,
 )
 from .errors import AggregateExistsError, AggregateNotFoundError, DomainError, InvalidAggregateIdError
+from .membership import Membership
 from .metrics import COMMAND_SECONDS, COMMANDS
 from .repository import Repository
+from .routing import DEFAULT_PARTITIONS, check_partitions
 
 __all__ = ["CommandService"]
 
@@ -95,6 +102,13 @@ class CommandService:
       their reply, and ends within ``drain_timeout_s``: commands still
       running then are cancelled (each either stored whole or not at all; the
       client's resend with the same command id finds out which).
+    * With ``routing`` (the default), it also serves the partition subjects
+      ``<subject>.<partition>`` of the partitions it owns among the live
+      workers of its subject prefix (``partitions`` of them per category, the
+      same number for every service of the prefix; a worker unlisted for
+      ``member_ttl_s`` is taken as gone). Routing never decides correctness:
+      every command runs under optimistic concurrency and its command id, and
+      the plain subject stays served by every worker.
     """
 
     def __init__(
@@ -105,6 +119,9 @@ class CommandService:
         queue: str = "jetsourcing-commands",
         max_in_flight: int = 64,
         drain_timeout_s: float = 10.0,
+        routing: bool = True,
+        partitions: int = DEFAULT_PARTITIONS,
+        member_ttl_s: float = 3.0,
     ) -> None:
         if not isinstance(store, EventStore):
             raise InvalidArgumentError(f"CommandService needs an EventStore, not {store!r:.80}.")
@@ -113,6 +130,12 @@ class CommandService:
         self.queue = check_name(queue, "queue group name")
         self.max_in_flight = check_int("max_in_flight", max_in_flight, 1, 100_000)
         self.drain_timeout_s = check_seconds("drain_timeout_s", drain_timeout_s, 0.001, 3600.0)
+        self.routing = check_bool("routing", routing)
+        self.partitions = check_partitions(partitions)
+        self.member_ttl_s = check_seconds("member_ttl_s", member_ttl_s, 0.3, 3600.0)
+        self._membership: Membership | None = None
+        self._partition_subs: dict[str, Subscription] = {}
+        self._releasing: set[asyncio.Task[None]] = set()
         self._routes: dict[str, _Route[Any, Any]] = {}
         self._subs: list[Subscription] = []
         self._slots = asyncio.Semaphore(max_in_flight)
@@ -213,12 +236,30 @@ class CommandService:
             if isinstance(exc, (NatsError, asyncio.TimeoutError)):
                 raise ServerUnavailableError(f"The command service could not subscribe to its subjects: {exc}") from exc
             raise
+        if self.routing:
+            membership = Membership(
+                nc, self.subject_prefix, {route.repository.aggregate_type.category for route in self._routes.values()},
+                self.partitions, self._repartition, member_ttl_s=self.member_ttl_s,
+                replicas=self.store.settings.replicas, timeout_s=self.store.settings.request_timeout_s,
+            )
+            try:
+                await membership.start()
+            except Exception:
+                await self.stop()
+                raise
+            self._membership = membership
         log.info("serving %d command(s) in queue group %r (pid %d): %s", len(self._routes), self.queue, os.getpid(),
                  ", ".join(self._routes))
 
     async def stop(self) -> None:
         """Stop taking requests, finish those received, and end within ``drain_timeout_s`` (see the class)."""
-        subs, self._subs = self._subs, []
+        membership, self._membership = self._membership, None
+        if membership is not None:
+            await membership.stop()  # unlisted first: the others take the partitions at their next beat
+        for releasing in list(self._releasing):
+            await stop_task(releasing, timeout_s=1.0)
+        subs, self._subs = [*self._subs, *self._partition_subs.values()], []
+        self._partition_subs = {}
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.drain_timeout_s
         # drain every subscription at once: unsubscribe, then run the callback on what was already delivered
@@ -238,6 +279,40 @@ class CommandService:
             if late:
                 log.warning("%d command(s) still running after %.1fs were cancelled", len(late), self.drain_timeout_s)
                 await asyncio.wait(late, timeout=1.0)
+
+    @property
+    def owned_partitions(self) -> dict[str, frozenset[int]]:
+        """The partitions this worker serves now, per aggregate category (empty without routing)."""
+        return self._membership.owned if self._membership is not None else {}
+
+    async def _repartition(self, owned: dict[str, frozenset[int]]) -> None:
+        """Serve the partition subjects of ``owned``; release the others a beat later, once their new owner serves them.
+
+        The overlap is on purpose: a partition served twice for a moment costs a conflict at worst; a
+        partition served by nobody would send its commands to the plain subject, to a cold cache.
+        """
+        wanted = {
+            f"{subject}.{partition}"
+            for subject, route in self._routes.items()
+            for partition in owned.get(route.repository.aggregate_type.category, ())
+        }
+        nc = self.store.nc
+        for subject in sorted(wanted - self._partition_subs.keys()):
+            self._partition_subs[subject] = await nc.subscribe(subject, queue=self.queue, cb=self._receive)
+        released = [self._partition_subs.pop(subject) for subject in sorted(self._partition_subs.keys() - wanted)]
+        if released:
+            task = asyncio.create_task(self._release(released))
+            self._releasing.add(task)
+            task.add_done_callback(self._releasing.discard)
+
+    async def _release(self, subs: list[Subscription]) -> None:
+        await asyncio.sleep(self.member_ttl_s / 3)
+        drains = [asyncio.ensure_future(sub.drain()) for sub in subs]  # type: ignore[no-untyped-call]
+        try:
+            await asyncio.wait(drains, timeout=self.drain_timeout_s)
+        finally:
+            for draining in drains:
+                await stop_task(draining, timeout_s=1.0)
 
     async def __aenter__(self) -> CommandService:
         await self.start()
@@ -283,13 +358,13 @@ class CommandService:
             log.exception("command on %s failed", msg.subject)
             answer = _error("failed", f"The command's handler raised {type(exc).__name__}: {exc}", exc)
         await self._reply(msg, answer)
-        COMMAND_SECONDS.labels(msg.subject).observe(time.perf_counter() - started)
+        COMMAND_SECONDS.labels(self._command_of(msg.subject)).observe(time.perf_counter() - started)
 
     async def _reply(self, msg: Msg, answer: dict[str, Any], outcome: str | None = None) -> None:
         """Send ``answer`` to the requester, if it waits for one, and count it by its outcome."""
         if outcome is None:
             outcome = ("duplicate" if answer["duplicate"] else "ok") if answer["ok"] else answer["error"]
-        COMMANDS.labels(msg.subject, outcome).inc()
+        COMMANDS.labels(self._command_of(msg.subject), outcome).inc()
         if not msg.reply:
             return
         try:
@@ -297,8 +372,12 @@ class CommandService:
         except Exception as exc:  # noqa: BLE001 - the client is gone or the connection closed; it may resend
             log.warning("could not reply to a command on %s: %r", msg.subject, exc)
 
+    def _command_of(self, subject: str) -> str:
+        """The command subject of a plain or partition subject (metrics count commands, not partitions)."""
+        return subject if subject in self._routes else subject.rpartition(".")[0]
+
     async def _run(self, msg: Msg) -> dict[str, Any]:
-        route = self._routes.get(msg.subject)
+        route = self._routes.get(self._command_of(msg.subject))
         if route is None:  # pragma: no cover - only subscribed subjects arrive
             return _error("invalid", f"No command is served on {msg.subject}.")
         try:
