@@ -20,7 +20,10 @@ as :class:`~aggregates.CommandRejectedError`,
 :class:`~aggregates.AggregateNotFoundError`) or a
 :class:`~aggregates.CommandError`. Every command carries a command id (a new
 one unless given); resending it with the same id is safe: the service runs it
-at most once and answers a resend with the first run's version and position.
+at most once and answers a resend with the first run's version, position and
+value. A request larger than the server takes (body and headers together over
+its ``max_payload``) raises :class:`~aggregates.InvalidCommandError` before
+anything is sent.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from pydantic import BaseModel
 
 from eventstore import EventStore, InvalidArgumentError
 from eventstore.validation import check_bool, check_seconds
-from eventstore.wire import check_metadata
+from eventstore.wire import check_metadata, header_block_size
 
 from .aggregate import Aggregate
 from .membership import PARTITIONS_KEY, routing_bucket
@@ -77,8 +80,14 @@ class CommandReply:
     """A command's success: the aggregate's version and position after it, and the command id it ran under.
 
     ``duplicate`` is True when the id had run before (nothing new was stored;
-    version and position are the first run's). ``value`` is what the handler
-    returned, as JSON (None when it returned nothing).
+    version, position and value are the first run's). ``value`` is what the
+    handler returned, as JSON (None when it returned nothing).
+
+    ``value_error`` is None, or says why the handler's value was not sent
+    although the command is stored: it is not JSON-serialisable, the reply
+    would exceed the server's ``max_payload``, or (for a duplicate) it was
+    larger than the service keeps for a resend. ``value`` is then None. The
+    command succeeded: do not send it again under a new id.
     """
 
     version: int
@@ -86,6 +95,7 @@ class CommandReply:
     duplicate: bool
     command_id: str
     value: Any = None
+    value_error: str | None = None
 
 
 class CommandClient:
@@ -128,9 +138,13 @@ class CommandClient:
         ``aggregate`` is the aggregate class or its category, ``aggregate_id`` a
         ``str`` or a :class:`uuid.UUID`; ``name`` the
         command's name (default: the command's class name). ``command_id``
-        (default: a new UUID) makes a resend safe. Raises, without waiting,
+        (default: a new UUID) makes a resend safe. Raises, without sending,
         :class:`~eventstore.InvalidArgumentError` for arguments that cannot
-        make a request; after sending, the errors in the module docs.
+        make a request and :class:`~aggregates.InvalidCommandError` for a
+        request the server would refuse as too large (its header block and
+        body together over ``max_payload``; the server would close the
+        connection, disturbing every request on it); after sending, the errors
+        in the module docs.
         """
         category = check_name(aggregate if isinstance(aggregate, str) else _category(aggregate), "aggregate category")
         aggregate_id = str(aggregate_id) if isinstance(aggregate_id, UUID) else aggregate_id
@@ -147,13 +161,15 @@ class CommandClient:
             headers[CORRELATION_ID_HEADER] = correlation_id
         timeout = self.timeout_s if timeout_s is None else check_seconds("timeout_s", timeout_s, 0.001, 3600.0)
         body = json.dumps({"aggregate_id": aggregate_id, "command": command.model_dump(mode="json")}).encode()
+        # The server counts the header block with the body (HPUB's total size) against max_payload; nats-py only
+        # the body. The subject and inbox go on the control line, whose own limit our subject names stay under.
+        size = header_block_size(headers) + len(body)
+        if size > self._nc.max_payload:
+            raise InvalidCommandError(self._too_large(subject, size, body))
         try:
             reply = await self._request(subject, aggregate_id, body, timeout, headers)
-        except nats.errors.MaxPayloadError as exc:
-            raise InvalidCommandError(
-                f"The command to {subject} is {len(body):,} bytes; the NATS server takes at most "
-                f"{self._nc.max_payload:,} per message. Send less in one command, or raise the server's max_payload."
-            ) from exc
+        except nats.errors.MaxPayloadError as exc:  # the connection moved to a server with a smaller limit
+            raise InvalidCommandError(self._too_large(subject, size, body)) from exc
         except nats.errors.NoRespondersError as exc:
             private = (
                 " This process talks to a private embedded server that no service can reach (no NATS_URL was set): "
@@ -171,6 +187,13 @@ class CommandClient:
         except nats.errors.Error as exc:
             raise CommandUnavailableError(f"Could not send the command on {subject}: {exc}") from exc
         return _answer(subject, category, aggregate_id, command_id, reply.data)
+
+    def _too_large(self, subject: str, size: int, body: bytes) -> str:
+        return (
+            f"The command to {subject} takes {size:,} bytes as sent ({len(body):,} of body, {size - len(body):,} of "
+            f"headers); the NATS server takes at most {self._nc.max_payload:,} per message. Nothing was sent. Send "
+            "less in one command, or raise the server's max_payload."
+        )
 
 
     async def _request(self, subject: str, aggregate_id: str, body: bytes, timeout: float, headers: dict[str, str]) -> Any:
@@ -214,8 +237,10 @@ def _answer(subject: str, category: str, aggregate_id: str, command_id: str, dat
     try:
         answer = json.loads(data)
         if answer["ok"]:
+            value_error = answer.get("value_error")
             return CommandReply(
-                int(answer["version"]), int(answer["position"]), bool(answer["duplicate"]), command_id, answer.get("value")
+                int(answer["version"]), int(answer["position"]), bool(answer["duplicate"]), command_id,
+                answer.get("value"), None if value_error is None else str(value_error),
             )
         kind, message = str(answer["error"]), str(answer["message"])
     except (ValueError, KeyError, TypeError) as exc:

@@ -44,12 +44,17 @@ class CommandResult(Generic[R]):
     earlier run: nothing new was stored, ``version`` and ``position`` are those
     of that first run, and ``value`` is None. When the command recorded
     nothing, ``version`` and ``position`` are the aggregate's current ones.
+
+    ``note`` is the text stored with the command's commit when
+    :meth:`Repository.execute` was given a ``note`` function: this run's, or
+    for a duplicate the first run's (None when that run stored none).
     """
 
     value: R | None
     version: int
     position: int
     duplicate: bool = False
+    note: str | None = None
 
 
 @dataclass(slots=True)

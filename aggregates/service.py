@@ -54,15 +54,10 @@ from eventstore import (
 )
 
 from eventstore.validation import check_bool, check_int, check_seconds
+from eventstore.wire import MAX_NOTE_BYTES, escape_key
 
 from .aggregate import Aggregate
-from .command_messages import (
-    COMMAND_ID_HEADER,
-    CORRELATION_ID_HEADER,
-    check_name,
-    check_prefix,
-    command_subject,
-)
+from .command_messages import check_name, check_prefix, command_subject, request_ids
 from .errors import AggregateExistsError, AggregateNotFoundError, DomainError, InvalidAggregateIdError
 from .membership import Membership
 from .metrics import COMMAND_SECONDS, COMMANDS
@@ -91,11 +86,24 @@ class CommandService:
 
     Guarantees:
 
-    * Every request that reaches the service gets one reply: the new version
-      and position, or an error saying what went wrong (a domain refusal,
-      not found, an invalid request, a conflict after every retry, the
-      store unavailable, or a failed handler). A malformed request is
-      answered as invalid; nothing crashes the service.
+    * Every request that reaches the service gets exactly one reply: the new
+      version and position, or an error saying what went wrong (a domain
+      refusal, not found, an invalid request, a conflict after every retry,
+      the store unavailable, or a failed handler). A malformed request (not a
+      UTF-8 JSON object of the right shape, nested too deeply, a number out of
+      range, a command that does not validate) is answered as ``invalid``,
+      with no traceback in the log; nothing crashes the service.
+    * A stored command is never reported as not stored: once its events are
+      stored the reply is ``ok``. A value the handler returned that cannot be
+      sent (not JSON-serialisable, or too large for a reply under the
+      server's ``max_payload``) is left out and the reply says why in
+      ``value_error`` (:attr:`CommandReply.value_error <aggregates.CommandReply.value_error>`).
+    * A request without a usable command id is refused as ``invalid`` (the
+      rules are in :mod:`aggregates.command_messages`): idempotency is never
+      off. A resend of a stored command is answered with the first run's
+      version, position and value (the value, as JSON of at most
+      :data:`~eventstore.wire.MAX_NOTE_BYTES`, is stored with the command's
+      commit; a larger one is answered with ``value_error``).
     * At most ``max_in_flight`` commands run at once (further requests wait
       in the subscription's queue).
     * :meth:`stop` stops taking requests, lets those already received run to
@@ -164,9 +172,9 @@ class CommandService:
         answers a command for an id that has events already with
         :class:`AggregateExistsError` (``exist_ok=True``: runs it on the
         aggregate as it is), as :meth:`Repository.execute` does. ``handler``
-        may be a coroutine function; what it
-        returns is sent back as ``value`` when it can be JSON. Add every
-        command before :meth:`start`.
+        may be a coroutine function; what it returns is sent back as ``value``
+        (see the class for a value that cannot be sent, and for resends). Add
+        every command before :meth:`start`.
         """
         if not isinstance(repository, Repository):
             raise InvalidArgumentError(f"Commands are served through a Repository, not {repository!r:.80}.")
@@ -355,6 +363,7 @@ class CommandService:
             ), outcome="cancelled")
             raise
         except Exception as exc:  # noqa: BLE001 - the last line of defence: a reply, never a dead service
+            # Only before anything is stored: once the commit is stored, _run answers ok whatever happens.
             log.exception("command on %s failed", msg.subject)
             answer = _error("failed", f"The command's handler raised {type(exc).__name__}: {exc}", exc)
         await self._reply(msg, answer)
@@ -368,7 +377,7 @@ class CommandService:
         if not msg.reply:
             return
         try:
-            await self.store.nc.publish(msg.reply, json.dumps(answer).encode())
+            await self.store.nc.publish(msg.reply, _fitted(answer, self.store.nc.max_payload, msg.subject))
         except Exception as exc:  # noqa: BLE001 - the client is gone or the connection closed; it may resend
             log.warning("could not reply to a command on %s: %r", msg.subject, exc)
 
@@ -380,30 +389,20 @@ class CommandService:
         route = self._routes.get(self._command_of(msg.subject))
         if route is None:  # pragma: no cover - only subscribed subjects arrive
             return _error("invalid", f"No command is served on {msg.subject}.")
-        try:
-            request = json.loads(msg.data)
-        except ValueError as exc:
-            return _error("invalid", f"The request to {msg.subject} is not JSON ({exc}).", exc)
-        if not isinstance(request, dict) or not isinstance(request.get("aggregate_id"), str) or "command" not in request:
-            return _error(
-                "invalid",
-                f"The request to {msg.subject} must be a JSON object with \"aggregate_id\" (a string) and \"command\".",
-            )
-        try:
-            command = route.model.model_validate(request["command"])
-        except ValidationError as exc:
-            return _error("invalid", f"The command is not a valid {route.model.__name__}: {exc}", exc)
-        headers = msg.headers or {}
-        command_id = headers.get(COMMAND_ID_HEADER) or None
+        decoded = _decode(msg, route.model)
+        if isinstance(decoded, dict):
+            return decoded
+        aggregate_id, command, command_id, correlation_id = decoded
         handler = route.handler
         try:
             result = await route.repository.execute(
-                request["aggregate_id"],
+                aggregate_id,
                 lambda aggregate: handler(aggregate, command),
                 create=route.create,
                 exist_ok=route.exist_ok,
                 command_id=command_id,
-                correlation_id=headers.get(CORRELATION_ID_HEADER) or None,
+                correlation_id=correlation_id,
+                note=_kept_value,
             )
         except DomainError as exc:
             return _error("domain", str(exc), exc)
@@ -424,15 +423,119 @@ class CommandService:
             "ok": True, "version": result.version, "position": result.position, "duplicate": result.duplicate,
             "command_id": command_id,
         }
-        if result.value is not None:
-            try:
-                answer["value"] = pydantic_core.to_jsonable_python(result.value)
-            except pydantic_core.PydanticSerializationError:
-                log.warning("the value the command on %s returned is not JSON: not sent", msg.subject)
+        try:
+            answer.update(_value_fields(result.note) if result.duplicate else _sent_value(result.value))
+        except Exception as exc:  # noqa: BLE001 - stored: the reply must say ok, whatever the value does
+            answer["value_error"] = f"The value could not be read ({type(exc).__name__}); the command is stored."
+        if "value_error" in answer:
+            log.warning("command on %s (stored): its value is not sent: %s", msg.subject, answer["value_error"])
         return answer
 
 
+def _finite(text: str) -> float:
+    """A JSON number with a fraction or exponent, if a float holds it (1e999 would become infinity)."""
+    number = float(text)
+    if not math.isfinite(number):
+        raise ValueError(f"the number {text[:40]} is out of range")
+    return number
+
+
+def _not_json(text: str) -> Any:
+    raise ValueError(f"{text} is not JSON")
+
+
+def _decode(msg: Msg, model: type[BaseModel]) -> tuple[str, BaseModel, str, str | None] | dict[str, Any]:
+    """The request's aggregate id, command, command id and correlation id, or the ``invalid`` reply saying why not.
+
+    Every malformed input is the sender's mistake, answered ``invalid`` without a traceback: bytes that are not
+    UTF-8 JSON (UnicodeDecodeError is a ValueError), nesting deeper than the parser's recursion limit
+    (RecursionError), numbers out of range, a body of the wrong shape, a command its model refuses, an unusable
+    command id.
+    """
+    try:
+        request = json.loads(msg.data, parse_float=_finite, parse_constant=_not_json)
+    except (ValueError, RecursionError) as exc:
+        return _error("invalid", f"The request to {msg.subject} is not JSON ({type(exc).__name__}: {exc}).", exc)
+    if not isinstance(request, dict) or not isinstance(request.get("aggregate_id"), str) or "command" not in request:
+        return _error(
+            "invalid",
+            f"The request to {msg.subject} must be a JSON object with \"aggregate_id\" (a string) and \"command\".",
+        )
+    try:
+        command = model.model_validate(request["command"])
+    except (ValidationError, RecursionError) as exc:
+        return _error("invalid", f"The command is not a valid {model.__name__}: {exc}", exc)
+    try:
+        command_id, correlation_id = request_ids(msg.headers)
+    except InvalidArgumentError as exc:
+        return _error("invalid", str(exc), exc)
+    return request["aggregate_id"], command, command_id, correlation_id
+
+
+def _json_value(value: Any) -> tuple[Any, str]:
+    """``value`` as JSON: the plain Python form and its compact text (ASCII, so a header can carry it)."""
+    plain = pydantic_core.to_jsonable_python(value)
+    return plain, json.dumps(plain, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+
+
+def _sent_value(value: Any) -> dict[str, Any]:
+    """The reply's fields for a handler's value: ``value``, ``value_error`` when it cannot be JSON, or none."""
+    if value is None:
+        return {}
+    try:
+        return {"value": _json_value(value)[0]}
+    except Exception as exc:  # noqa: BLE001 - any serialiser failure: cycles, bytes not UTF-8, NaN, huge ints...
+        return {"value_error": _unserialisable(value, exc)}
+
+
+def _unserialisable(value: Any, exc: Exception) -> str:
+    return (f"The handler returned a {type(value).__name__} that cannot be sent as JSON ({type(exc).__name__}: "
+            f"{str(exc)[:200]}); the command is stored. Return JSON-serialisable values (bytes as text or base64).")
+
+
+def _kept_value(value: Any) -> str | None:
+    """What is stored with the command's commit for a resend's reply: its reply fields as JSON (None: no value)."""
+    if value is None:
+        return None
+    try:
+        text = _json_value(value)[1]
+    except Exception as exc:  # noqa: BLE001 - as in _sent_value
+        return json.dumps({"value_error": _unserialisable(value, exc)})
+    kept = '{"value":' + text + "}"
+    if len(escape_key(kept)) > MAX_NOTE_BYTES:
+        return json.dumps({"value_error": (
+            f"The first run's value takes {len(text):,} bytes as JSON, more than the {MAX_NOTE_BYTES:,} kept for a "
+            "resend's reply; the command is stored. Read the aggregate for its outcome."
+        )})
+    return kept
+
+
+def _value_fields(kept: str | None) -> dict[str, Any]:
+    """A duplicate's value fields, from what its first run stored (nothing when it stored nothing)."""
+    if kept is None:
+        return {}
+    fields = json.loads(kept)
+    return {k: fields[k] for k in ("value", "value_error") if k in fields}
+
+
 _MAX_MESSAGE = 2000  # an error reply must fit in a message whatever the exception's text
+
+
+def _fitted(answer: dict[str, Any], limit: int, subject: str) -> bytes:
+    """``answer`` as a reply body of at most ``limit`` bytes (the server's max_payload; a reply has no headers).
+
+    A value too large is left out, with a ``value_error`` saying so: the command is stored all the same.
+    """
+    body = json.dumps(answer).encode()
+    if len(body) > limit and "value" in answer:
+        answer = {k: v for k, v in answer.items() if k != "value"}
+        answer["value_error"] = (
+            f"The value takes {len(body):,} bytes in the reply; the server's max_payload allows {limit:,}, so it was "
+            "not sent. The command is stored. Return less, or read the aggregate for its outcome."
+        )
+        log.warning("command on %s (stored): its value is not sent: %s", subject, answer["value_error"])
+        body = json.dumps(answer).encode()
+    return body
 
 
 def _error(kind: str, message: str, exc: BaseException | None = None) -> dict[str, Any]:
