@@ -10,8 +10,10 @@ Every worker of a command service puts, every third of the TTL:
 Then it lists the ``member.`` subjects the stream still holds (one stream-info request, no
 consumer) and recomputes its partitions with :func:`aggregates.routing.assign`. A worker that
 stops purges its keys, so the others take its partitions at their next beat; one that dies
-drops out when its keys expire, within the TTL. Every request here has a deadline; while the
-server is unreachable the worker keeps what it serves and says so once in the log.
+drops out when its keys expire, within the TTL. Every request here has a deadline. Routing is
+an optimisation, so nothing here stops a service from serving: a worker that cannot join yet
+(the server loses replies, JetStream elects a leader) serves the plain subjects and joins at a
+later beat; while the server is unreachable it keeps what it serves and says so once in the log.
 """
 
 from __future__ import annotations
@@ -50,10 +52,10 @@ class Membership:
     """One worker's entry in its prefix's routing bucket, and the partitions it owns by it.
 
     ``on_change(owned)`` is awaited with the new ``{category: partitions}`` whenever they change
-    (first at :meth:`start`). Guarantees: :meth:`start` returns once the worker is listed and owns
-    its first partitions (or raises :class:`~eventstore.InvalidArgumentError` when the bucket's
-    live workers route another number of partitions); :meth:`stop` ends within the request
-    timeout and leaves the worker unlisted when the server answers.
+    (first when the worker joins). Guarantees: :meth:`start` ends within about the request timeout,
+    joined or not (then the beats go on trying); it raises :class:`~eventstore.InvalidArgumentError`
+    when the bucket's live workers route another number of partitions. :meth:`stop` ends within
+    about the request timeout and leaves the worker unlisted when the server answers.
     """
 
     def __init__(
@@ -88,18 +90,29 @@ class Membership:
         return dict(self._owned)
 
     async def start(self) -> None:
-        js = self.nc.jetstream(timeout=self.timeout_s)
         try:
-            self._kv = await js.key_value(self.bucket)
-        except (BadRequestError, NotFoundError):
-            with contextlib.suppress(BadRequestError):  # another worker created it meanwhile
-                await js.create_key_value(
-                    KeyValueConfig(bucket=self.bucket, ttl=self.member_ttl_s, history=1, replicas=self.replicas)
-                )
-            self._kv = await js.key_value(self.bucket)
-        await self._check_partitions()
-        await self._beat()
+            await asyncio.wait_for(self._join(), timeout=4 * self.timeout_s)
+        except InvalidArgumentError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - routing is an optimisation: serve, and join at a later beat
+            self._outage.failed(exc)
         self._beats = asyncio.create_task(self._beat_forever(), name=f"jetsourcing-membership-{self.worker}")
+
+    async def _join(self) -> None:
+        """Open (or create) the bucket, check the partition count, and beat once."""
+        if self._kv is None:
+            js = self.nc.jetstream(timeout=self.timeout_s)
+            try:
+                kv = await js.key_value(self.bucket)
+            except (BadRequestError, NotFoundError):
+                with contextlib.suppress(BadRequestError):  # another worker created it meanwhile
+                    await js.create_key_value(
+                        KeyValueConfig(bucket=self.bucket, ttl=self.member_ttl_s, history=1, replicas=self.replicas)
+                    )
+                kv = await js.key_value(self.bucket)
+            await self._check_partitions(kv)
+            self._kv = kv
+        await self._beat()
 
     async def stop(self) -> None:
         if self._beats is not None:
@@ -114,10 +127,9 @@ class Membership:
                          self.worker, self.bucket, self.member_ttl_s, exc)
                 break
 
-    async def _check_partitions(self) -> None:
-        assert self._kv is not None
+    async def _check_partitions(self, kv: KeyValue) -> None:
         try:
-            entry = await self._kv.get(PARTITIONS_KEY)
+            entry = await kv.get(PARTITIONS_KEY)
         except KeyNotFoundError:
             return
         theirs = int(entry.value or b"0")
@@ -161,9 +173,12 @@ class Membership:
         while True:
             await asyncio.sleep(self.member_ttl_s / 3)
             try:
-                await asyncio.wait_for(self._beat(), timeout=self.timeout_s)
+                await asyncio.wait_for(self._join(), timeout=4 * self.timeout_s)
             except asyncio.CancelledError:
                 raise
+            except InvalidArgumentError as exc:
+                log.error("%s Serving on the plain subjects only.", exc)
+                return
             except Exception as exc:  # noqa: BLE001 - keep serving what we own; the next beat tries again
                 self._outage.failed(exc)
             else:

@@ -250,12 +250,12 @@ class CommandService:
                 self.partitions, self._repartition, member_ttl_s=self.member_ttl_s,
                 replicas=self.store.settings.replicas, timeout_s=self.store.settings.request_timeout_s,
             )
+            self._membership = membership
             try:
-                await membership.start()
+                await membership.start()  # within about the request timeout, joined or not
             except Exception:
                 await self.stop()
                 raise
-            self._membership = membership
         log.info("serving %d command(s) in queue group %r (pid %d): %s", len(self._routes), self.queue, os.getpid(),
                  ", ".join(self._routes))
 
