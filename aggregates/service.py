@@ -59,6 +59,7 @@ from eventstore.wire import MAX_NOTE_BYTES, escape_key
 from .aggregate import Aggregate
 from .command_messages import check_name, check_prefix, command_subject, request_ids
 from .errors import AggregateExistsError, AggregateNotFoundError, DomainError, InvalidAggregateIdError
+from .commands import CacheStats
 from .membership import Membership
 from .metrics import COMMAND_SECONDS, COMMANDS
 from .repository import Repository
@@ -287,6 +288,17 @@ class CommandService:
             if late:
                 log.warning("%d command(s) still running after %.1fs were cancelled", len(late), self.drain_timeout_s)
                 await asyncio.wait(late, timeout=1.0)
+
+    @property
+    def cache_stats(self) -> dict[str, CacheStats]:
+        """Per aggregate category, how its commands found their aggregate in the repository's cache.
+
+        With several repositories of one category, the first added is reported.
+        """
+        stats: dict[str, CacheStats] = {}
+        for route in self._routes.values():
+            stats.setdefault(route.repository.aggregate_type.category, route.repository.cache_stats)
+        return stats
 
     @property
     def owned_partitions(self) -> dict[str, frozenset[int]]:
