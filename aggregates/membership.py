@@ -118,6 +118,8 @@ class Membership:
         if self._beats is not None:
             await stop_task(self._beats, timeout_s=self.timeout_s)
             self._beats = None
+        if self._kv is None:
+            return  # never joined: nothing to unlist
         jsm = self.nc.jsm(timeout=self.timeout_s)
         for category in self.categories:
             try:

@@ -144,7 +144,7 @@ class CommandService:
         self.member_ttl_s = check_seconds("member_ttl_s", member_ttl_s, 0.3, 3600.0)
         self._membership: Membership | None = None
         self._partition_subs: dict[str, Subscription] = {}
-        self._releasing: set[asyncio.Task[None]] = set()
+        self._releasing: dict[asyncio.Task[None], list[Subscription]] = {}  # partitions let go a beat later
         self._routes: dict[str, _Route[Any, Any]] = {}
         self._subs: list[Subscription] = []
         self._slots = asyncio.Semaphore(max_in_flight)
@@ -265,9 +265,11 @@ class CommandService:
         membership, self._membership = self._membership, None
         if membership is not None:
             await membership.stop()  # unlisted first: the others take the partitions at their next beat
+        released = [sub for subs in self._releasing.values() for sub in subs]
         for releasing in list(self._releasing):
             await stop_task(releasing, timeout_s=1.0)
-        subs, self._subs = [*self._subs, *self._partition_subs.values()], []
+        self._releasing = {}
+        subs, self._subs = [*self._subs, *self._partition_subs.values(), *released], []
         self._partition_subs = {}
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.drain_timeout_s
@@ -322,8 +324,8 @@ class CommandService:
         released = [self._partition_subs.pop(subject) for subject in sorted(self._partition_subs.keys() - wanted)]
         if released:
             task = asyncio.create_task(self._release(released))
-            self._releasing.add(task)
-            task.add_done_callback(self._releasing.discard)
+            self._releasing[task] = released
+            task.add_done_callback(lambda done: self._releasing.pop(done, None))
 
     async def _release(self, subs: list[Subscription]) -> None:
         await asyncio.sleep(self.member_ttl_s / 3)
