@@ -94,6 +94,10 @@ def tail_headers(text: str) -> list[tuple[str, ...]]:
     return [tuple(line.split()[:4]) for line in text.splitlines() if re.match(r"#\d+\.\d+ ", line)]
 
 
+READERS_PYTEST = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTEST_PLUGINS": "pytest_asyncio.plugin"}
+"""pytest as the reader installed it: with pytest-asyncio, without the other plugins of this checkout's environment."""
+
+
 class Process:
     """A long-running command of the tutorial (a terminal of its own), its output collected as it comes."""
 
@@ -162,8 +166,9 @@ def run(command: str, cwd: Path, env: dict[str, str], timeout_s: float = 60) -> 
 
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
-    """The reader's project folder: the tutorial's ``library`` package and nothing else."""
+    """The reader's project folder: the tutorial's ``library`` package and its ``pyproject.toml``, nothing else."""
     shutil.copytree(PAGES / "library", tmp_path / "library", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(PAGES / "pyproject.toml", tmp_path)
     return tmp_path
 
 
@@ -224,8 +229,8 @@ def test_the_tutorial_runs_as_written(
 ) -> None:
     env = environment
 
-    # Step 3: the domain tests, with nothing but pytest (no plugin of this checkout's environment, no config).
-    tests = run(PYTEST, project, {**env, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
+    # Step 3: the domain tests.
+    tests = run(PYTEST, project, {**env, **READERS_PYTEST})
     assert "5 passed" in tests.stdout, tests.stdout
 
     # Step 4: the application, in-process, against the server; run again, it stores nothing new.
@@ -265,6 +270,22 @@ def test_the_tutorial_runs_as_written(
     assert rebuild.endswith("  books: committed, table version 0, 4 rows written\n"), rebuild
     assert (project / "lake" / "books" / "_delta_log").is_dir()
     assert run(LAKE, project, env).stdout == CATALOGUE
+
+
+def test_a_broken_rule_fails_its_test_as_the_page_shows(project: Path, environment: dict[str, str]) -> None:
+    domain = project / "library" / "domain.py"
+    lines = domain.read_text().splitlines(keepends=True)
+    check = next(i for i, line in enumerate(lines) if line.strip() == "if held >= self.state.loan_limit:")
+    assert lines[check + 1].strip().startswith("raise LoanLimitReached(")
+    domain.write_text("".join(lines[:check] + lines[check + 2:]))  # what step 3 asks the reader to remove
+    done = subprocess.run(argv(PYTEST), cwd=project, env={**environment, **READERS_PYTEST}, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 1 and "1 failed, 4 passed" in done.stdout, done.stdout + done.stderr
+    error = next(line for line in done.stdout.splitlines() if line.startswith("E   "))
+    assert error == ("E       AssertionError: The command recorded [BookLent(book_id='ulysses', member='ann')] instead "
+                     "of raising LoanLimitReached."), done.stdout
+    assert error in (PAGES / "testing.md").read_text()
+    assert "aggregates/testing.py" not in done.stdout, "the report stops at the reader's test"
 
 
 def test_jetsourcing_server_serves_the_app(project: Path, environment: dict[str, str], processes: list[Process]) -> None:
