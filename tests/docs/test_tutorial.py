@@ -111,7 +111,8 @@ class Process:
                                         stderr=subprocess.STDOUT, text=True)
         self.lines: queue.Queue[str] = queue.Queue()
         self.output: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
 
     def _read(self) -> None:
         assert self.process.stdout is not None
@@ -137,6 +138,7 @@ class Process:
         """SIGTERM, as the end of a terminal's process; its exit code (it must end within 20 s)."""
         self.process.send_signal(signal.SIGTERM)
         code = self.process.wait(timeout=20)
+        self._reader.join(timeout=10)  # the pipe's last lines (a daemon's counters) come after its exit
         self.drain()
         return code
 
