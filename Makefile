@@ -4,13 +4,13 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install bench lint clean
+.PHONY: demo test install docs bench lint clean
 
 # The native framing of bulk reads is compiled by the install: rebuild when its C source changes.
 $(STAMP): pyproject.toml eventstore/_native.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,spark,postgres]'
+	$(PY) -m pip install --quiet -e '.[dev,spark,postgres,docs]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -21,6 +21,10 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m mypy
 	$(PY) -m pytest
+
+# The site lands in build/site (open build/site/index.html); strict: a broken link or reference fails it.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
 lint: $(STAMP)
 	$(PY) -m mypy

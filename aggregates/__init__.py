@@ -36,7 +36,7 @@ Example::
 from .aggregate import Aggregate, applies
 from .application import Application, new_id
 from .client import CommandClient, CommandReply
-from .commands import CommandResult, RetryPolicy
+from .commands import CacheStats, CommandResult, RetryPolicy
 from .errors import (
     AggregateDefinitionError,
     AggregateError,
@@ -56,6 +56,7 @@ from .errors import (
 )
 from .events import DomainEvent, register_events
 from .repository import Repository
+from .routing import DEFAULT_PARTITIONS, partition_of
 from .testing import Scenario, scenario
 from .service import CommandService
 from .upcasting import upcaster
@@ -67,6 +68,7 @@ __all__ = [
     "AggregateExistsError",
     "AggregateNotFoundError",
     "Application",
+    "CacheStats",
     "CommandClient",
     "CommandConflictError",
     "CommandError",
@@ -76,6 +78,7 @@ __all__ = [
     "CommandResult",
     "CommandService",
     "CommandUnavailableError",
+    "DEFAULT_PARTITIONS",
     "DomainError",
     "DomainEvent",
     "InvalidAggregateIdError",
@@ -88,6 +91,7 @@ __all__ = [
     "UnregisteredEventError",
     "applies",
     "new_id",
+    "partition_of",
     "register_events",
     "scenario",
     "upcaster",

@@ -54,6 +54,11 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--queue", help="queue group (JETSOURCING_COMMAND_QUEUE)")
     serve.add_argument("--max-in-flight", type=int, help="commands run at once (JETSOURCING_COMMAND_MAX_IN_FLIGHT)")
     serve.add_argument("--drain-timeout", type=float, help="seconds a stop may take (JETSOURCING_COMMAND_DRAIN_TIMEOUT_S)")
+    serve.add_argument("--partitions", type=int,
+                       help="partitions of the aggregate ids, the same for every service of the prefix "
+                            "(JETSOURCING_COMMAND_PARTITIONS, default 64)")
+    serve.add_argument("--no-routing", dest="routing", action="store_const", const=False,
+                       help="share commands at random in the queue group (JETSOURCING_COMMAND_ROUTING=false)")
     return serve
 
 
@@ -62,7 +67,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     options: dict[str, Any] = {k: v for k, v in (
         ("subject_prefix", args.command_prefix), ("queue", args.queue), ("max_in_flight", args.max_in_flight),
-        ("drain_timeout_s", args.drain_timeout)) if v is not None}
+        ("drain_timeout_s", args.drain_timeout), ("partitions", args.partitions), ("routing", args.routing))
+        if v is not None}
     store = server_settings(args.nats_url, args.stream, args.subject_prefix)
     settings = CommandServiceSettings(eventstore=store, **options)
     factory = import_object(args.factory)

@@ -6,7 +6,7 @@ import random
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-__all__ = ["CommandResult", "RetryPolicy"]
+__all__ = ["CacheStats", "CommandResult", "RetryPolicy"]
 
 R = TypeVar("R")
 
@@ -44,9 +44,35 @@ class CommandResult(Generic[R]):
     earlier run: nothing new was stored, ``version`` and ``position`` are those
     of that first run, and ``value`` is None. When the command recorded
     nothing, ``version`` and ``position`` are the aggregate's current ones.
+
+    ``note`` is the text stored with the command's commit when
+    :meth:`Repository.execute` was given a ``note`` function: this run's, or
+    for a duplicate the first run's (None when that run stored none).
     """
 
     value: R | None
     version: int
     position: int
     duplicate: bool = False
+    note: str | None = None
+
+
+@dataclass(slots=True)
+class CacheStats:
+    """How a repository's commands found their aggregate in its cache, counted once per command.
+
+    ``hits``: the cached copy was current (the command cost one append, or nothing); ``stale``: a
+    cached copy was there, but the store had moved on (another process wrote the aggregate: a
+    conflict and a catch-up); ``misses``: no cached copy (a load). Commands that raise before
+    their aggregate is found count as nothing.
+    """
+
+    hits: int = 0
+    stale: int = 0
+    misses: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        """``hits`` over all commands counted (1.0 before any)."""
+        total = self.hits + self.stale + self.misses
+        return self.hits / total if total else 1.0

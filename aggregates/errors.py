@@ -15,7 +15,7 @@ and type::
     ├── DomainError                base for your own invariant violations: a command refused
     │   └── CommandRejectedError   a command sent over NATS was refused by the aggregate (the service's DomainError)
     └── CommandError               a command sent over NATS (:class:`CommandClient`) did not succeed
-        ├── InvalidCommandError    the service could not decode it, or it named no aggregate it can serve
+        ├── InvalidCommandError    malformed, too large to send, or named no aggregate the service can serve
         ├── CommandConflictError   it kept conflicting with concurrent writers until the service gave up
         ├── CommandFailedError     the service's handler raised an unexpected error (a bug: see its log)
         └── CommandUnavailableError  no service answered in time: retry with the same command id
@@ -168,8 +168,9 @@ class CommandError(AggregateError):
 
 
 class InvalidCommandError(CommandError, ValueError):
-    """The service could not take the command: not JSON, not valid for its model, or a bad aggregate id.
-    Nothing ran; fix the request."""
+    """The command was refused as sent: the client found it larger than the server takes (then nothing was sent),
+    or the service could not take it (not JSON, not valid for its model, no usable command id, a bad aggregate
+    id). Nothing ran; fix the request."""
 
 
 class CommandConflictError(CommandError):
@@ -179,7 +180,8 @@ class CommandConflictError(CommandError):
 
 class CommandFailedError(CommandError):
     """The service's handler raised an unexpected error (not a :class:`DomainError`): a bug on the service's
-    side, logged there with its traceback. Nothing was stored."""
+    side, logged there with its traceback. Nothing was stored (a stored command is always answered as a success,
+    with :attr:`CommandReply.value_error <aggregates.CommandReply.value_error>` when its value could not be sent)."""
 
 
 class CommandUnavailableError(CommandError, ConnectionError):

@@ -35,14 +35,17 @@ from eventstore.validation import check_bool, check_int
 from eventstore.wire import check_metadata
 
 from .aggregate import Aggregate
-from .commands import CommandResult, RetryPolicy
+from .commands import CacheStats, CommandResult, RetryPolicy
 from .errors import AggregateExistsError, AggregateNotFoundError
 from .events import register_events
+from .metrics import AGGREGATE_CACHE
 from .snapshots import Snapshot, SnapshotStore
 
 __all__ = ["Repository"]
 
 log = logging.getLogger("jetsourcing.aggregates")
+
+_CACHE_FIELDS = {"hit": "hits", "stale": "stale", "miss": "misses"}
 
 A = TypeVar("A", bound=Aggregate[Any])
 R = TypeVar("R")
@@ -92,6 +95,8 @@ class Repository(Generic[A]):
         self.retry = retry
         self.cache_size = cache_size
         self._cache: OrderedDict[str, A] = OrderedDict()
+        self.cache_stats = CacheStats()
+        """How this repository's commands found their aggregate in the cache (see :class:`CacheStats`)."""
         self._locks: dict[str, _CountedLock] = {}
         self._registered: set[type[Aggregate[Any]]] = set()
         self._register(aggregate_type)
@@ -306,6 +311,7 @@ class Repository(Generic[A]):
         command_id: str | None = None,
         correlation_id: str | None = None,
         causation_id: str | None = None,
+        note: Callable[[R], str | None] | None = None,
     ) -> CommandResult[R]: ...
 
     @overload
@@ -319,6 +325,7 @@ class Repository(Generic[A]):
         command_id: str | None = None,
         correlation_id: str | None = None,
         causation_id: str | None = None,
+        note: Callable[[R], str | None] | None = None,
     ) -> CommandResult[R]: ...
 
     async def execute(
@@ -331,6 +338,7 @@ class Repository(Generic[A]):
         command_id: str | None = None,
         correlation_id: str | None = None,
         causation_id: str | None = None,
+        note: Callable[[Any], str | None] | None = None,
     ) -> CommandResult[Any]:
         """Load the aggregate, run ``command`` on it, save what it recorded; retry on conflicts.
 
@@ -354,6 +362,14 @@ class Repository(Generic[A]):
           cache) knows the ids applied to the aggregate (``commands``); a
           rerun racing the first run is caught by the server's concurrency
           check and deduplication. Ids compare exactly; use one per command.
+        * ``note``, a function, is called with the command's value before its
+          events are stored (after every run that records events); the text
+          it returns (None: none) is stored with the commit, as the append's
+          note (see :meth:`EventStore.append <eventstore.EventStore.append>`),
+          and returned as ``note``. A rerun of the command id returns the note
+          its first run stored, so a resend learns what the first caller
+          learnt (a command service sends the handler's value this way). An
+          exception from it is the command's: nothing is stored.
         * ``correlation_id`` and ``causation_id`` are stored with every event;
           ``causation_id`` defaults to ``command_id`` when a header can carry
           it unchanged (see :func:`eventstore.wire.check_metadata`).
@@ -383,6 +399,8 @@ class Repository(Generic[A]):
             raise InvalidArgumentError(f"command_id must be a non-empty str or None, not {command_id!r}; nothing ran.")
         if causation_id is None and command_id is not None and _carried_as_header(command_id):
             causation_id = command_id
+        if note is not None and not callable(note):
+            raise InvalidArgumentError(f"note must be a function of the command's value or None, not {note!r:.80}.")
         lock = self._locks.get(aggregate_id)
         if lock is None:
             lock = self._locks[aggregate_id] = _CountedLock()
@@ -391,7 +409,7 @@ class Repository(Generic[A]):
             # Commands on one aggregate in this process take turns instead of racing to conflicts.
             async with lock:
                 return await self._execute(
-                    stream_id, aggregate_id, command, create, exist_ok, command_id, correlation_id, causation_id
+                    stream_id, aggregate_id, command, create, exist_ok, command_id, correlation_id, causation_id, note
                 )
         finally:
             lock.users -= 1
@@ -408,16 +426,26 @@ class Repository(Generic[A]):
         command_id: str | None,
         correlation_id: str | None,
         causation_id: str | None,
+        note: Callable[[R], str | None] | None,
     ) -> CommandResult[R]:
         conflicts = 0
         refresh = False
         next_copy: tuple[A, bool] | None = None
+        counted = False  # the cache's part is counted once per command, by its first copy's fate
         while True:
+            first = next_copy is None and not refresh
             aggregate, checked = next_copy or await self._checkout(aggregate_id, create=create, refresh=refresh)
             next_copy = None
+            if first and checked:
+                counted = self._count_cache("miss")
             if command_id is not None and command_id in aggregate.commands:
                 # Applied before (even a stale copy's history is true): the first run's result, at any age.
-                return CommandResult(None, *aggregate.commands[command_id], True)
+                version, position = aggregate.commands[command_id]
+                stored_note = None
+                if note is not None:  # read from the first run's commit, which holds the id (one read from it)
+                    found = await self.store.find_append(stream_id, command_id, from_position=position)
+                    stored_note = found.note if found is not None else None
+                return CommandResult(None, version, position, True, stored_note)
             if create and not exist_ok and aggregate.version > 0:
                 # (Even a stale copy is proof: an aggregate's version never goes back.) A creation that lost a race
                 # to another writer conflicts below, and meets this check on its retry.
@@ -435,12 +463,15 @@ class Repository(Generic[A]):
                     # A refusal or a no-op must not rest on a stale cached copy: rerun if the store moved on.
                     fresh = await self._checkout(aggregate_id, create=create, refresh=True)
                     if fresh[0].version != ran_at:
+                        counted = counted or self._count_cache("stale")
                         next_copy = fresh
                         continue
+                counted = counted or self._count_cache("hit")
                 if error is not None:
                     raise error
                 return CommandResult(value, aggregate.version, aggregate.position)
             request, before = self._append_request(aggregate)
+            text = note(cast(R, value)) if note is not None else None
             try:
                 result = await self.store.append(
                     stream_id,
@@ -450,20 +481,23 @@ class Repository(Generic[A]):
                     idempotency_key=command_id,
                     correlation_id=correlation_id,
                     causation_id=causation_id,
+                    note=text,
                 )
             except ConcurrencyError:
+                counted = counted or self._count_cache("stale")
                 conflicts += 1
                 if conflicts >= self.retry.attempts:
                     raise
                 await asyncio.sleep(self.retry.delay_s(conflicts - 1))
                 refresh = True
                 continue
-            if result.duplicate:  # the event store reports the first write's versions
-                return CommandResult(None, result.last_version, result.position, True)
+            counted = counted or self._count_cache("hit")
+            if result.duplicate:  # the event store reports the first write's versions and note
+                return CommandResult(None, result.last_version, result.position, True, result.note)
             aggregate._committed(result.last_version, result.position, command_id)
             self._cache_put(aggregate)  # no copy: nothing else holds this object
             await self._maybe_snapshot(aggregate, before)
-            return CommandResult(value, aggregate.version, aggregate.position)
+            return CommandResult(value, aggregate.version, aggregate.position, note=text)
 
     async def _checkout(self, aggregate_id: str, *, create: bool, refresh: bool) -> tuple[A, bool]:
         """A private copy to run a command on, and whether it was just checked against the store."""
@@ -484,6 +518,12 @@ class Repository(Generic[A]):
         return aggregate, True
 
     # -- cache ----------------------------------------------------------------
+
+    def _count_cache(self, outcome: str) -> bool:
+        """Count one command's cache outcome ("hit", "stale" or "miss"); True, for the caller's ``counted``."""
+        setattr(self.cache_stats, _CACHE_FIELDS[outcome], getattr(self.cache_stats, _CACHE_FIELDS[outcome]) + 1)
+        AGGREGATE_CACHE.labels(self.aggregate_type.category, outcome).inc()
+        return True
 
     def _cache_get(self, aggregate_id: str) -> A | None:
         aggregate = self._cache.get(aggregate_id)

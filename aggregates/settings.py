@@ -15,13 +15,15 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from eventstore import EventStoreSettings
 
+from .routing import DEFAULT_PARTITIONS, MAX_PARTITIONS
+
 __all__ = ["CommandServiceSettings"]
 
 
 class CommandServiceSettings(BaseSettings):
     """How a :class:`~aggregates.CommandService` serves (immutable)."""
 
-    model_config = SettingsConfigDict(env_prefix="JETSOURCING_COMMAND_", frozen=True, extra="forbid")
+    model_config = SettingsConfigDict(env_prefix="JETSOURCING_COMMAND_", frozen=True, extra="forbid", env_ignore_empty=True)
 
     eventstore: EventStoreSettings = Field(
         default_factory=EventStoreSettings, description="Server URL and stream (NATS_URL, JETSOURCING_STREAM, ...)."
@@ -40,7 +42,20 @@ class CommandServiceSettings(BaseSettings):
         description="How long a stop (SIGTERM) lets the commands received finish before cancelling them.",
     )
 
+    routing: bool = Field(
+        default=True, description="Route each aggregate's commands to one worker (its partition's), keeping caches warm.",
+    )
+    partitions: int = Field(
+        default=DEFAULT_PARTITIONS, ge=1, le=MAX_PARTITIONS,
+        description="Partitions of the aggregate ids per category: the same for every service of the subject prefix.",
+    )
+    member_ttl_s: float = Field(
+        default=3.0, ge=0.3, le=3600,
+        description="A worker not heard from for this long is taken as gone: its partitions move to the others.",
+    )
+
     def service_options(self) -> dict[str, Any]:
         """The keyword arguments of :class:`~aggregates.CommandService` these settings give."""
         return {"subject_prefix": self.subject_prefix, "queue": self.queue, "max_in_flight": self.max_in_flight,
-                "drain_timeout_s": self.drain_timeout_s}
+                "drain_timeout_s": self.drain_timeout_s, "routing": self.routing, "partitions": self.partitions,
+                "member_ttl_s": self.member_ttl_s}

@@ -11,14 +11,29 @@ in ``rounds``):
 
 * ``inprocess_eps``: ``Repository.execute`` in this process (cache on);
 * ``rr_eps_1``: ``CommandClient.send`` to one worker process;
-* ``rr_eps_4``: the same to four worker processes in one queue group (each
-  with its own cache: a command that lands on another worker than the
-  account's previous one loads the account first, or conflicts and retries);
+* ``rr_eps_4``: the same to four worker processes with routing (the default):
+  each account's commands reach the worker that owns its partition, whose
+  cache stays current;
+* ``rr_eps_4_unrouted``: four workers without routing (``routing=False``): the
+  queue group hands each command to any worker, whose copy of the account is
+  then often stale (a conflict and a catch-up);
 * ``raw_rr_eps``: plain nats-py request-reply to one process that answers each
-  request at once, with a body of the same size: what the transport costs.
+  request at once, with a body of the same size: what the transport costs;
+  ``raw_rr_eps_4``: the same to four such processes in a queue group (what four
+  processes instead of one cost on this machine, whatever they run).
 
-Targets: ``rr_eps_1`` ≥ 0.5× ``inprocess_eps`` (``targets.rr_1_over_inprocess``).
-The machine has 2 cores: the client, the workers and the nats-server share them.
+Each run deposits into 1,000 accounts of its own (opened first), so that no
+run's writes make another run's caches stale.
+
+Also measured: ``rr_cache_hit_rate_4``, the lowest of the four routed workers'
+cache hit rates over a timed round (median of the rounds), and
+``rr_settle_s``, the seconds from a routed worker's SIGKILL until the three
+left own every partition between them (median of 3 kills, each followed by a
+restart).
+
+Targets (#29): ``rr_eps_4`` ≥ ``rr_eps_1``; ``rr_cache_hit_rate_4`` ≥ 0.95;
+``rr_eps_1`` ≥ 0.7× ``inprocess_eps``. The machine has 2 cores: the client, the
+workers and the nats-server share them.
 """
 
 from __future__ import annotations
@@ -41,7 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the samples, whe
 
 import nats  # noqa: E402
 
-from aggregates import CommandClient, Repository  # noqa: E402
+from aggregates import DEFAULT_PARTITIONS, CommandClient, Repository  # noqa: E402
 from eventstore import EmbeddedServer, EventStore, EventStoreSettings  # noqa: E402
 from samples.bank.account import Account  # noqa: E402
 from samples.bank.commands import Deposit, OpenAccount, command_service  # noqa: E402
@@ -55,7 +70,10 @@ def progress(text: str) -> None:
 
 
 async def worker(nats_url: str, stream: str, prefix: str, command_prefix: str) -> None:
-    """A worker process: the bank's command service, or (command_prefix "raw") a plain nats-py echo responder."""
+    """A worker process: the bank's command service, or (command_prefix "raw") a plain nats-py echo responder.
+
+    A routed worker answers ``stats.<command_prefix>`` with its cache counters and owned partitions.
+    """
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     if command_prefix == "raw":
@@ -64,14 +82,24 @@ async def worker(nats_url: str, stream: str, prefix: str, command_prefix: str) -
         async def echo(msg: Any) -> None:
             await msg.respond(b'{"ok": true, "version": 1, "position": 1, "duplicate": false, "command_id": "x"}')
 
-        await nc.subscribe("raw.echo", queue="raw", cb=echo)
+        await nc.subscribe("raw.echo4" if stream == "RAW4" else "raw.echo", queue="raw", cb=echo)
         await nc.flush()
         print("ready", flush=True)
         await stop.wait()
         await nc.close()
         return
+    routing = not command_prefix.endswith("u")
     async with EventStore.connect(EventStoreSettings(nats_url=nats_url, stream=stream, subject_prefix=prefix)) as store:
-        async with command_service(store, subject_prefix=command_prefix):
+        async with command_service(store, subject_prefix=command_prefix, routing=routing) as service:
+
+            async def stats(msg: Any) -> None:
+                cache = service.cache_stats.get("Account")
+                owned = sorted(service.owned_partitions.get("Account", ()))
+                await msg.respond(json.dumps({"hits": cache.hits if cache else 0, "total": (
+                    cache.hits + cache.stale + cache.misses) if cache else 0, "owned": owned}).encode())
+
+            await store.nc.subscribe(f"stats.{command_prefix}", cb=stats)
+            await store.nc.flush()
             print("ready", flush=True)
             await stop.wait()
 
@@ -98,9 +126,60 @@ async def timed(count: int, one: Any) -> float:
     return count / (time.perf_counter() - started)
 
 
+async def worker_stats(nc: Any, command_prefix: str, count: int) -> list[dict[str, Any]]:
+    """Every live worker's answer to ``stats.<command_prefix>`` (waits up to 1 s for ``count`` of them)."""
+    inbox = nc.new_inbox()
+    answers: list[dict[str, Any]] = []
+    enough = asyncio.Event()
+
+    async def got(msg: Any) -> None:
+        answers.append(json.loads(msg.data))
+        if len(answers) >= count:
+            enough.set()
+
+    sub = await nc.subscribe(inbox, cb=got)
+    await nc.publish(f"stats.{command_prefix}", b"", reply=inbox)
+    try:
+        await asyncio.wait_for(enough.wait(), 1.0)
+    except asyncio.TimeoutError:
+        pass
+    await sub.unsubscribe()
+    return answers
+
+
+def lowest_hit_rate(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> float:
+    """The lowest worker's hits over commands between two stats snapshots (matched by owned partitions' order)."""
+    rates = []
+    for b, a in zip(sorted(before, key=lambda s: s["owned"]), sorted(after, key=lambda s: s["owned"])):
+        total = a["total"] - b["total"]
+        if total:
+            rates.append((a["hits"] - b["hits"]) / total)
+    return min(rates) if rates else 0.0
+
+
+async def settle_after_kill(nc: Any, procs: list[subprocess.Popen[str]], restart: Any, partitions: int) -> float:
+    """SIGKILL one routed worker; the seconds until the others own every partition once; then restart one."""
+    victim = procs.pop(0)
+    started = time.perf_counter()
+    victim.kill()
+    victim.wait()
+    while True:
+        owned = [p for s in await worker_stats(nc, "cmd4", len(procs)) for p in s["owned"]]
+        if sorted(owned) == list(range(partitions)):
+            settled = time.perf_counter() - started
+            break
+        if time.perf_counter() - started > 60:
+            raise AssertionError("the assignment did not settle within 60 s")
+        await asyncio.sleep(0.02)
+    procs.extend(restart())
+    return settled
+
+
 async def main(quick: bool) -> dict[str, Any]:
     accounts_n, per_round = (200, 2_000) if quick else (1_000, 6_000)
-    ids = [f"acc-{i}" for i in range(accounts_n)]
+    # Each run deposits into accounts of its own, so that no run's writes make another's caches stale.
+    names = ("inprocess_eps", "rr_eps_1", "rr_eps_4", "rr_eps_4_unrouted")
+    ids = {name: [f"{name}-{i}" for i in range(accounts_n)] for name in names}
     result: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="bench-commands-") as tmp, EmbeddedServer(tmp) as server:
         settings = EventStoreSettings(nats_url=server.url, stream="BANK", subject_prefix="bank")
@@ -109,29 +188,52 @@ async def main(quick: bool) -> dict[str, Any]:
             workers = {
                 "rr_eps_1": start_workers(1, server.url, "BANK", "bank", "cmd1"),
                 "rr_eps_4": start_workers(4, server.url, "BANK", "bank", "cmd4"),
+                "rr_eps_4_unrouted": start_workers(4, server.url, "BANK", "bank", "cmd4u"),
                 "raw_rr_eps": start_workers(1, server.url, "BANK", "bank", "raw"),
+                "raw_rr_eps_4": start_workers(4, server.url, "RAW4", "bank", "raw"),
             }
             try:
                 accounts = Repository(store, Account, cache_size=10_000)
-                clients = {name: CommandClient(store, subject_prefix=f"cmd{name[-1]}") for name in ("rr_eps_1", "rr_eps_4")}
-                await asyncio.gather(*(clients["rr_eps_1"].send(Account, i, OpenAccount(owner=i)) for i in ids))
+                prefixes = {"rr_eps_1": "cmd1", "rr_eps_4": "cmd4", "rr_eps_4_unrouted": "cmd4u"}
+                clients = {name: CommandClient(store, subject_prefix=p) for name, p in prefixes.items()}
+                for name in names:
+                    await asyncio.gather(*(clients["rr_eps_1"].send(Account, i, OpenAccount(owner=i)) for i in ids[name]))
                 deposit = Deposit(amount=1, value_date=TODAY)
-                body = json.dumps({"aggregate_id": ids[0], "command": deposit.model_dump(mode="json")}).encode()
+                body = json.dumps({"aggregate_id": ids["rr_eps_1"][0], "command": deposit.model_dump(mode="json")}).encode()
+
+                def sender(name: str) -> Any:
+                    return lambda i: clients[name].send(Account, ids[name][i % accounts_n], deposit)
+
                 runs: dict[str, Any] = {
-                    "inprocess_eps": lambda i: accounts.execute(ids[i % accounts_n], lambda a: a.deposit(1, TODAY)),
-                    "rr_eps_1": lambda i: clients["rr_eps_1"].send(Account, ids[i % accounts_n], deposit),
-                    "rr_eps_4": lambda i: clients["rr_eps_4"].send(Account, ids[i % accounts_n], deposit),
+                    "inprocess_eps": lambda i: accounts.execute(
+                        ids["inprocess_eps"][i % accounts_n], lambda a: a.deposit(1, TODAY)
+                    ),
+                    **{name: sender(name) for name in prefixes},
                     "raw_rr_eps": lambda i: store.nc.request("raw.echo", body, timeout=5),
+                    "raw_rr_eps_4": lambda i: store.nc.request("raw.echo4", body, timeout=5),
                 }
                 for one in runs.values():  # warm up every path (caches, connections) once
                     await timed(accounts_n, one)
-                rounds: dict[str, list[int]] = {name: [] for name in runs}
+                rounds: dict[str, list[float]] = {name: [] for name in runs}
+                hit_rates: list[float] = []
                 for r in range(3):
                     for name, one in runs.items():
+                        before = await worker_stats(store.nc, "cmd4", 4) if name == "rr_eps_4" else []
                         eps = await timed(per_round, one)
                         rounds[name].append(round(eps))
                         progress(f"round {r + 1}, {name}: {eps:,.0f}/s")
-                total = accounts_n + 3 * (per_round * 3) + 3 * accounts_n  # opens, timed and warm-up deposits
+                        if name == "rr_eps_4":
+                            hit_rates.append(round(lowest_hit_rate(before, await worker_stats(store.nc, "cmd4", 4)), 4))
+                            progress(f"round {r + 1}, lowest routed worker's cache hit rate: {hit_rates[-1]:.4f}")
+                settles = []
+                for _ in range(3):
+                    settles.append(round(await settle_after_kill(
+                        store.nc, workers["rr_eps_4"], lambda: start_workers(1, server.url, "BANK", "bank", "cmd4"),
+                        DEFAULT_PARTITIONS,
+                    ), 2))
+                    progress(f"a routed worker SIGKILLed: the others own every partition after {settles[-1]:.2f}s")
+                    await asyncio.sleep(1.5)  # the new worker joins before the next kill
+                total = 4 * accounts_n + 4 * (per_round * 3) + 4 * accounts_n  # opens, timed and warm-up deposits
                 stored = (await store.info()).last_position
                 assert stored == total, (stored, total)
             finally:
@@ -140,12 +242,20 @@ async def main(quick: bool) -> dict[str, Any]:
                         proc.send_signal(signal.SIGTERM)
                 codes = [proc.wait(15) for procs in workers.values() for proc in procs]
             assert codes == [0] * len(codes), f"workers did not drain and exit cleanly: {codes}"
+    result["rr_cache_hit_rate_4"] = statistics.median(hit_rates)
+    result["rr_settle_s"] = statistics.median(settles)
     result.update({name: round(statistics.median(eps)) for name, eps in rounds.items()})
     result["rounds"] = rounds
     result["targets"] = {
         "rr_1_over_inprocess": round(result["rr_eps_1"] / result["inprocess_eps"], 3),
         "rr_4_over_inprocess": round(result["rr_eps_4"] / result["inprocess_eps"], 3),
+        "rr_4_over_rr_1": round(result["rr_eps_4"] / result["rr_eps_1"], 3),
+        "rr_4_unrouted_over_rr_1": round(result["rr_eps_4_unrouted"] / result["rr_eps_1"], 3),
+        "rr_cache_hit_rate_4": result["rr_cache_hit_rate_4"],
+        "rr_settle_s": result["rr_settle_s"],
         "rr_1_over_raw_rr": round(result["rr_eps_1"] / result["raw_rr_eps"], 3),
+        # The transport's own scaling from one responder process to four, on this machine: the ceiling of rr_4_over_rr_1.
+        "raw_4_over_raw_1": round(result["raw_rr_eps_4"] / result["raw_rr_eps"], 3),
     }
     result["setup"] = {"accounts": accounts_n, "deposits_per_round": per_round, "concurrency": CONCURRENCY,
                        "cpus": os.cpu_count()}

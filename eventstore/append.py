@@ -26,7 +26,9 @@ How an append is made safe:
   concurrency check fires first (it runs before deduplication), by finding this
   append's id on the commit that follows the expected position or, for a keyed
   append, anywhere on the entity. Either way the caller gets the positions and
-  versions of the first write with ``duplicate=True`` and nothing is stored twice.
+  versions of the first write with ``duplicate=True`` and nothing is stored twice,
+  and the ``note`` that write stored with its commit (a command's reply value,
+  say), so a resend learns what the first call's caller learnt.
 * **Every call ends.** Resends after a lost acknowledgement back off
   exponentially with jitter, at most ``append_retries`` of them; an ``ANY``
   append that lost a race retries after a short jittered pause, for at most
@@ -85,12 +87,14 @@ from .wire import (
     Header,
     check_idempotency_key,
     check_metadata,
+    check_note,
     commit_previous,
     commit_version,
     encode_commit,
     escape_key,
     header_block_size,
     msg_id,
+    note_of,
     utc_now_text,
 )
 
@@ -203,9 +207,11 @@ class _Commit:
     event_ids: list[str]
     payloads: list[bytes]
     key: str | None  # the caller's idempotency key
+    note: str | None = None  # the caller's note, stored with the commit
     prev_version: int = 0
     prev_position: int = 0
     stored_count: int | None = None  # set when adopting a commit stored by an earlier call
+    stored_note: str | None = None  # the note of that commit
     previous: tuple[int, ...] | None = None  # the back pointers sent (or stored, when adopted)
     searched_to: int = 0  # the entity's commits up to here hold no earlier write of this append
 
@@ -221,6 +227,7 @@ class _Commit:
             correlation_id=correlation_id,
             causation_id=causation_id,
             idempotency_key=self.key,
+            note=self.note,
         )
         headers[Header.EXPECTED_LAST_SUBJECT_SEQUENCE] = str(self.prev_position)
         if self.previous is not None:
@@ -229,11 +236,19 @@ class _Commit:
 
     def result(self, position: int, duplicate: bool) -> AppendResult:
         count = len(self.payloads) if self.stored_count is None else self.stored_count
-        return AppendResult(self.request.stream_id, position, self.prev_version + 1, self.prev_version + count, duplicate)
+        return AppendResult(
+            self.request.stream_id, position, self.prev_version + 1, self.prev_version + count, duplicate,
+            self.stored_note if duplicate else None,
+        )
 
 
 def build_commit(
-    registry: TypeRegistry, subject_prefix: str, request: EntityAppend, commit_msg_id: str, key: str | None
+    registry: TypeRegistry,
+    subject_prefix: str,
+    request: EntityAppend,
+    commit_msg_id: str,
+    key: str | None,
+    note: str | None = None,
 ) -> _Commit:
     """One entity's part of an append, its events encoded by ``registry`` (and so checked: see
     :meth:`TypeRegistry.encode`). Event ids derive from ``key`` when given, so a retry stores the same ids."""
@@ -252,13 +267,18 @@ def build_commit(
         ids.append(uuid.uuid5(uuid.NAMESPACE_URL, f"{escaped}/{request.stream_id}/{i}").hex if escaped else secrets.token_hex(16))
         payloads.append(payload)
     subject = request.stream_id.subject(subject_prefix)
-    return _Commit(request, subject, commit_msg_id, types, versions, ids, payloads, key)
+    return _Commit(request, subject, commit_msg_id, types, versions, ids, payloads, key, note)
 
 
 def check_append(
-    requests: Sequence[EntityAppend], idempotency_key: object, correlation_id: object, causation_id: object
+    requests: Sequence[EntityAppend],
+    idempotency_key: object,
+    correlation_id: object,
+    causation_id: object,
+    note: object = None,
 ) -> tuple[str | None, str | None, str | None]:
-    """Check an append's arguments as every event store does; return the checked key and metadata."""
+    """Check an append's arguments as every event store does (``note`` by :func:`~.wire.check_note`); return the
+    checked key and metadata."""
     if isinstance(requests, (str, bytes)) or not isinstance(requests, Sequence) or not all(
         isinstance(r, EntityAppend) for r in requests
     ):
@@ -268,6 +288,7 @@ def check_append(
     key = check_idempotency_key(idempotency_key)
     correlation = check_metadata("correlation_id", correlation_id)
     causation = check_metadata("causation_id", causation_id)
+    check_note(note)
     if not requests:
         raise InvalidEventError("Nothing to append: no entities were given.")
     if len(requests) > MAX_ENTITIES_PER_APPEND:
@@ -463,18 +484,19 @@ class Appender:
             return (prev_position, *known[2][: PREVIOUS_COMMITS - 1])
         return (prev_position,)
 
-    async def find_append(self, stream_id: StreamId, idempotency_key: str) -> AppendResult | None:
-        """The commit an earlier append with exactly ``idempotency_key`` stored on this entity, if any."""
+    async def find_append(self, stream_id: StreamId, idempotency_key: str, from_position: int = 1) -> AppendResult | None:
+        """The commit an earlier append with exactly ``idempotency_key`` stored on this entity at ``from_position``
+        or later, if any."""
         key = check_idempotency_key(idempotency_key)
         if key is None:
             raise InvalidArgumentError("find_append needs an idempotency_key (a non-empty str), not None.")
-        found, _ = await self._search(stream_id, escape_key(key), None)
+        found, _ = await self._search(stream_id, escape_key(key), None, from_position)
         if found is None:
             return None
         headers = found.headers or {}
         count = headers[Header.TYPE].count(",") + 1
         last = int(headers[Header.VERSION])
-        return AppendResult(stream_id, int(headers[Header.SEQUENCE]), last - count + 1, last, True)
+        return AppendResult(stream_id, int(headers[Header.SEQUENCE]), last - count + 1, last, True, note_of(headers))
 
     async def _search(
         self, stream_id: StreamId, escaped_key: str | None, commit_msg_id: str | None, from_seq: int = 1
@@ -616,13 +638,14 @@ class Appender:
         idempotency_key: str | None = None,
         correlation_id: str | None = None,
         causation_id: str | None = None,
+        note: str | None = None,
     ) -> list[AppendResult]:
         """Append every request's events atomically (all entities or none); see the module docs."""
-        key, correlation_id, causation_id = check_append(requests, idempotency_key, correlation_id, causation_id)
+        key, correlation_id, causation_id = check_append(requests, idempotency_key, correlation_id, causation_id, note)
         append_id = escape_key(key) if key is not None else secrets.token_hex(16)
         single = len(requests) == 1
         prefix = self._settings.subject_prefix
-        commits = [build_commit(self._registry, prefix, r, msg_id(append_id, None if single else i), key)
+        commits = [build_commit(self._registry, prefix, r, msg_id(append_id, None if single else i), key, note)
                    for i, r in enumerate(requests)]
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._race_budget_s()
@@ -941,6 +964,7 @@ class Appender:
         c.stored_count = headers[Header.TYPE].count(",") + 1
         c.prev_version = int(headers[Header.VERSION]) - c.stored_count
         c.previous = commit_previous(headers, c.request.stream_id)
+        c.stored_note = note_of(headers)
         return int(headers[Header.SEQUENCE])
 
     async def _exact_conflict(self, commits: list[_Commit]) -> bool:

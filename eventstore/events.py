@@ -131,7 +131,9 @@ class AppendResult:
 
     ``duplicate`` is True when this call was a retry of an append that was
     already stored (same idempotency key): nothing new was stored and the
-    positions are those of the first write.
+    positions are those of the first write. ``note`` is then the note that
+    first write stored (None when it had none); a new write's is None (the
+    caller holds its own).
     """
 
     stream_id: StreamId
@@ -139,6 +141,7 @@ class AppendResult:
     first_version: int
     last_version: int
     duplicate: bool = False
+    note: str | None = None
 
     @property
     def count(self) -> int:

@@ -36,6 +36,7 @@ class EventLog(Protocol):
         idempotency_key: str | None = None,
         correlation_id: str | None = None,
         causation_id: str | None = None,
+        note: str | None = None,
     ) -> AppendResult: ...
 
     async def append_many(
@@ -45,9 +46,12 @@ class EventLog(Protocol):
         idempotency_key: str | None = None,
         correlation_id: str | None = None,
         causation_id: str | None = None,
+        note: str | None = None,
     ) -> list[AppendResult]: ...
 
-    async def find_append(self, stream_id: StreamId, idempotency_key: str) -> AppendResult | None: ...
+    async def find_append(
+        self, stream_id: StreamId, idempotency_key: str, *, from_position: int = 1
+    ) -> AppendResult | None: ...
 
     def remember(self, stream_id: StreamId, version: int, position: int) -> None: ...
 

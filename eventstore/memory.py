@@ -57,7 +57,7 @@ class InMemoryEventStore:
         self.max_payload = max_payload
         self._commits: list[list[RecordedEvent]] = []  # by position - 1
         self._entities: dict[StreamId, list[int]] = {}  # an entity's commit positions, in order
-        self._keys: dict[str, tuple[frozenset[StreamId], list[AppendResult]]] = {}
+        self._keys: dict[str, tuple[frozenset[StreamId], list[AppendResult], str | None]] = {}
 
     # -- writing ------------------------------------------------------------
 
@@ -71,11 +71,13 @@ class InMemoryEventStore:
         idempotency_key: str | None = None,
         correlation_id: str | None = None,
         causation_id: str | None = None,
+        note: str | None = None,
     ) -> AppendResult:
         """:meth:`EventStore.append <eventstore.EventStore.append>`, in memory."""
         request = EntityAppend(stream_id, events, expected_version, expected_position)
         results = await self.append_many(
-            [request], idempotency_key=idempotency_key, correlation_id=correlation_id, causation_id=causation_id
+            [request], idempotency_key=idempotency_key, correlation_id=correlation_id, causation_id=causation_id,
+            note=note,
         )
         return results[0]
 
@@ -86,13 +88,17 @@ class InMemoryEventStore:
         idempotency_key: str | None = None,
         correlation_id: str | None = None,
         causation_id: str | None = None,
+        note: str | None = None,
     ) -> list[AppendResult]:
         """:meth:`EventStore.append_many <eventstore.EventStore.append_many>`, in memory: all entities or none."""
-        key, correlation, causation = check_append(requests, idempotency_key, correlation_id, causation_id)
+        key, correlation, causation = check_append(requests, idempotency_key, correlation_id, causation_id, note)
         if key is not None and key in self._keys:
-            entities, results = self._keys[key]
+            entities, results, stored_note = self._keys[key]
             if entities == frozenset(r.stream_id for r in requests):
-                return [AppendResult(r.stream_id, r.position, r.first_version, r.last_version, True) for r in results]
+                return [
+                    AppendResult(r.stream_id, r.position, r.first_version, r.last_version, True, stored_note)
+                    for r in results
+                ]
             raise InvalidEventError(
                 f"The idempotency key {key!r:.60} was already used by another append (to other entities than "
                 f"{', '.join(str(r.stream_id) for r in requests)}, or not to all of them); nothing was stored. "
@@ -101,7 +107,7 @@ class InMemoryEventStore:
         append_id = escape_key(key) if key is not None else secrets.token_hex(16)
         single = len(requests) == 1
         prefix = self.settings.subject_prefix
-        commits = [build_commit(self.registry, prefix, r, msg_id(append_id, None if single else i), key)
+        commits = [build_commit(self.registry, prefix, r, msg_id(append_id, None if single else i), key, note)
                    for i, r in enumerate(requests)]
         for commit in commits:
             commit.prev_version, commit.prev_position = self._check_expected(commit.request)
@@ -117,7 +123,7 @@ class InMemoryEventStore:
             self._entities.setdefault(stream_id, []).append(position)
             results.append(commit.result(position, False))
         if key is not None:
-            self._keys[key] = (frozenset(r.stream_id for r in requests), results)
+            self._keys[key] = (frozenset(r.stream_id for r in requests), results, note)
         return results
 
     def _check_expected(self, request: EntityAppend) -> tuple[int, int]:
@@ -133,13 +139,16 @@ class InMemoryEventStore:
             raise ConcurrencyError(request.stream_id, expected, state.version)
         return state.version, state.position
 
-    async def find_append(self, stream_id: StreamId, idempotency_key: str) -> AppendResult | None:
-        """What an earlier append with ``idempotency_key`` stored on ``stream_id`` (``duplicate=True``), or None."""
-        check_find_append(stream_id, idempotency_key)
-        _, results = self._keys.get(idempotency_key, (frozenset(), []))
-        found = next((r for r in results if r.stream_id == stream_id), None)
+    async def find_append(
+        self, stream_id: StreamId, idempotency_key: str, *, from_position: int = 1
+    ) -> AppendResult | None:
+        """What an earlier append with ``idempotency_key`` stored on ``stream_id`` at ``from_position`` or later
+        (``duplicate=True``, with its note), or None."""
+        check_find_append(stream_id, idempotency_key, from_position)
+        _, results, note = self._keys.get(idempotency_key, (frozenset(), [], None))
+        found = next((r for r in results if r.stream_id == stream_id and r.position >= from_position), None)
         return None if found is None else AppendResult(stream_id, found.position, found.first_version,
-                                                       found.last_version, True)
+                                                       found.last_version, True, note)
 
     def remember(self, stream_id: StreamId, version: int, position: int) -> None:
         """Checked like the real store's; there is nothing to save a lookup on."""

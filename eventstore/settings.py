@@ -32,7 +32,11 @@ __all__ = ["EventStoreSettings"]
 class EventStoreSettings(BaseSettings, ConnectionSecurity):
     """How to reach (and authenticate to) the server and how the event store's stream is laid out (immutable)."""
 
-    model_config = SettingsConfigDict(env_prefix="JETSOURCING_", frozen=True, extra="forbid", hide_input_in_errors=True)
+    # An empty variable (`export NATS_URL=`, a blank line in a compose file) means "not set", as in a shell,
+    # rather than a URL or stream name of no characters.
+    model_config = SettingsConfigDict(
+        env_prefix="JETSOURCING_", frozen=True, extra="forbid", hide_input_in_errors=True, env_ignore_empty=True
+    )
 
     nats_url: str | None = Field(
         default=None,

@@ -367,7 +367,7 @@ class EventStore:
     # -- the stream ---------------------------------------------------------
 
     def stream_config(self) -> StreamConfig:
-        """The stream settings an event store needs (see the README's 'Stream layout')."""
+        """The stream settings an event store needs (see "Stream layout" in docs/concepts/event-store.md)."""
         s = self.settings
         limited = s.max_msgs is not None or s.max_bytes is not None
         return StreamConfig(
@@ -390,7 +390,7 @@ class EventStore:
         """Create the stream if it does not exist, then check it. Never changes an existing stream.
 
         The check is an allow-list over every setting the server reports
-        (:mod:`eventstore.stream_check`, the README's "Stream settings"): a
+        (:mod:`eventstore.stream_check`, "Stream layout" in docs/concepts/event-store.md): a
         stream under whose settings an acknowledged event could vanish, be
         rewritten or go unacknowledged (an age limit, a per-entity limit,
         rollups, message TTLs, memory storage, ...) is refused with
@@ -466,6 +466,7 @@ class EventStore:
         idempotency_key: str | None = None,
         correlation_id: str | None = None,
         causation_id: str | None = None,
+        note: str | None = None,
     ) -> AppendResult:
         """Append ``events`` to one entity, atomically, if it is at ``expected_version``.
 
@@ -475,11 +476,15 @@ class EventStore:
         Calling again with the same ``idempotency_key`` stores nothing new and
         returns the first call's result with ``duplicate=True`` (for an ``ANY``
         append, within the duplicate window, or after it only when the entity
-        moved on since: see the README's "Idempotency").
+        moved on since: see "Idempotency" in docs/concepts/guarantees.md). ``note`` (a short
+        text, see :func:`~eventstore.wire.check_note`) is stored with the
+        commit and handed back, as ``AppendResult.note``, to such a duplicate
+        call and by :meth:`find_append`.
         """
         request = EntityAppend(stream_id, events, expected_version, expected_position)
         results = await self._appender.append(
-            [request], idempotency_key=idempotency_key, correlation_id=correlation_id, causation_id=causation_id
+            [request], idempotency_key=idempotency_key, correlation_id=correlation_id, causation_id=causation_id,
+            note=note,
         )
         return results[0]
 
@@ -490,24 +495,30 @@ class EventStore:
         idempotency_key: str | None = None,
         correlation_id: str | None = None,
         causation_id: str | None = None,
+        note: str | None = None,
     ) -> list[AppendResult]:
         """Append to several entities in one atomic commit: all are stored, or none (e.g. a money transfer).
 
         Each entity's expected version is checked by the server; a conflict on
         any one rejects the whole append with :class:`ConcurrencyError`.
+        ``note`` is stored with every entity's commit, as for :meth:`append`.
         """
         return await self._appender.append(
-            requests, idempotency_key=idempotency_key, correlation_id=correlation_id, causation_id=causation_id
+            requests, idempotency_key=idempotency_key, correlation_id=correlation_id, causation_id=causation_id,
+            note=note,
         )
 
-    async def find_append(self, stream_id: StreamId, idempotency_key: str) -> AppendResult | None:
-        """What an earlier append with ``idempotency_key`` stored on ``stream_id`` (``duplicate=True``), or None.
+    async def find_append(
+        self, stream_id: StreamId, idempotency_key: str, *, from_position: int = 1
+    ) -> AppendResult | None:
+        """What an earlier append with ``idempotency_key`` stored on ``stream_id`` at ``from_position`` or later
+        (``duplicate=True``, with the ``note`` it stored), or None.
 
         Searches the entity's commits, so it finds appends of any age (not only
-        within the duplicate window).
+        within the duplicate window); from a known commit's position, in one read.
         """
-        check_find_append(stream_id, idempotency_key)
-        return await self._appender.find_append(stream_id, idempotency_key)
+        check_find_append(stream_id, idempotency_key, from_position)
+        return await self._appender.find_append(stream_id, idempotency_key, from_position)
 
     def remember(self, stream_id: StreamId, version: int, position: int) -> None:
         """Tell the store an entity's (version, position), e.g. from a snapshot, to save a lookup on append.

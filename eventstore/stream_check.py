@@ -4,8 +4,8 @@ An event store promises that an acknowledged event is stored once, whole and
 forever. :func:`config_problems` checks a stream's configuration (the raw JSON
 the server reports, so settings that nats-py does not model are seen too)
 against an allow-list: every setting of nats-server 2.15 is classified below,
-and a setting this module does not know is refused unless it is unset. The
-README's "Stream settings" table is this table.
+and a setting this module does not know is refused unless it is unset. The stream
+settings table in "Stream layout" of docs/concepts/event-store.md is this table.
 """
 
 from __future__ import annotations

@@ -168,9 +168,10 @@ def check_remember(stream_id: object, version: object, position: object) -> None
         )
 
 
-def check_find_append(stream_id: object, idempotency_key: object) -> None:
+def check_find_append(stream_id: object, idempotency_key: object, from_position: object = 1) -> None:
     """The arguments of ``find_append``."""
     check_stream_id("stream_id", stream_id)
+    check_int("from_position", from_position, 1)
     if not isinstance(idempotency_key, str) or not idempotency_key:
         raise InvalidArgumentError(
             f"Invalid idempotency_key: {idempotency_key!r:.80}; it must be a non-empty string."

@@ -18,6 +18,9 @@ body is exactly the event's JSON. Headers:
 ``Es-Causation-Id``         optional, for every event of the commit
 ``Es-Idempotency-Key``      the caller's idempotency key (escaped, see
                             :func:`escape_key`), when the append had one
+``Es-Note``                 optional: a short text the appender stored with the
+                            commit (escaped, see :func:`escape_key`), handed
+                            back to a duplicate append (a command's reply value)
 ``Es-Previous``             the positions of the entity's previous commits, most
                             recent first, at most :data:`PREVIOUS_COMMITS` of
                             them, ending with ``0`` when they reach back to the
@@ -50,10 +53,12 @@ from .streams import StreamId
 __all__ = [
     "DeadLetterHeader",
     "Header",
+    "MAX_NOTE_BYTES",
     "NATS_HEADER_PREFIX",
     "PREVIOUS_COMMITS",
     "check_idempotency_key",
     "check_metadata",
+    "check_note",
     "commit_previous",
     "commit_version",
     "decode_commit",
@@ -61,6 +66,7 @@ __all__ = [
     "escape_key",
     "header_block_size",
     "msg_id",
+    "note_of",
     "parse_header_lines",
     "utc_now_text",
 ]
@@ -107,12 +113,13 @@ class Header:
     CORRELATION_ID: Final = "Es-Correlation-Id"
     CAUSATION_ID: Final = "Es-Causation-Id"
     IDEMPOTENCY_KEY: Final = "Es-Idempotency-Key"
+    NOTE: Final = "Es-Note"
     PREVIOUS: Final = "Es-Previous"
 
 
 PREVIOUS_COMMITS: Final = 8
 """How many earlier commits' positions a commit's ``Es-Previous`` holds: a load fetches that many commits per
-round trip (at most about 70 header bytes per commit; see the README's "Reading" for the measurements)."""
+round trip (at most about 70 header bytes per commit; see "Reading" in docs/concepts/event-store.md for the measurements)."""
 
 
 # Printable ASCII but '%' (the escape character) passes through escape_key unchanged, so the
@@ -147,6 +154,32 @@ def check_idempotency_key(key: object) -> str | None:
     if not isinstance(key, str) or not key:
         raise InvalidArgumentError(f"idempotency_key must be a non-empty str or None, not {_preview(key)}; nothing was stored.")
     return key
+
+
+MAX_NOTE_BYTES: Final = 4096
+"""The most bytes an append's ``note`` may take as stored (escaped: see :func:`check_note`)."""
+
+
+def check_note(note: object) -> str | None:
+    """The note if an append can store it: None, or a non-empty str whose escaped form (:func:`escape_key`:
+    printable ASCII but ``%`` as is, the rest ``%XX``) is at most :data:`MAX_NOTE_BYTES` bytes; else
+    :class:`InvalidArgumentError`."""
+    if note is None:
+        return None
+    if not isinstance(note, str) or not note:
+        raise InvalidArgumentError(f"note must be a non-empty str or None, not {_preview(note)}; nothing was stored.")
+    size = len(escape_key(note))
+    if size > MAX_NOTE_BYTES:
+        raise InvalidArgumentError(
+            f"The note takes {size} bytes as stored, more than {MAX_NOTE_BYTES}; nothing was stored. Keep notes short."
+        )
+    return note
+
+
+def note_of(headers: Mapping[str, str] | None) -> str | None:
+    """The note stored with the commit with these headers (as given to the append), or None."""
+    escaped = (headers or {}).get(Header.NOTE)
+    return None if escaped is None else unquote(escaped, errors="surrogatepass")
 
 
 def check_metadata(name: str, value: object) -> str | None:
@@ -195,8 +228,9 @@ def encode_commit(
     correlation_id: str | None = None,
     causation_id: str | None = None,
     idempotency_key: str | None = None,
+    note: str | None = None,
 ) -> tuple[dict[str, str], bytes]:
-    """Lay out one commit as (headers, body); ``idempotency_key`` is the caller's key, escaped here."""
+    """Lay out one commit as (headers, body); ``idempotency_key`` and ``note`` are the caller's, escaped here."""
     headers = {
         Header.MSG_ID: msg_id,
         Header.TYPE: ",".join(types),
@@ -211,6 +245,8 @@ def encode_commit(
         headers[Header.CAUSATION_ID] = causation_id
     if idempotency_key is not None:  # after the fixed layout the Spark reader's fast path expects
         headers[Header.IDEMPOTENCY_KEY] = escape_key(idempotency_key)
+    if note is not None:
+        headers[Header.NOTE] = escape_key(note)
     return headers, b"\n".join(payloads)
 
 

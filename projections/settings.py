@@ -45,7 +45,7 @@ _PASSWORD = re.compile(r"^([a-z]+://[^:/@]*):[^@]*@", re.IGNORECASE)
 class ProjectionSettings(BaseSettings):
     """Where read models live and how the daemon runs them (immutable)."""
 
-    model_config = SettingsConfigDict(env_prefix="JETSOURCING_", frozen=True, extra="forbid")
+    model_config = SettingsConfigDict(env_prefix="JETSOURCING_", frozen=True, extra="forbid", env_ignore_empty=True)
 
     eventstore: EventStoreSettings = Field(
         default_factory=EventStoreSettings, description="Server URL and stream (NATS_URL, JETSOURCING_STREAM, ...)."

@@ -112,8 +112,8 @@ class JetStreamDataSource(DataSource):
     and the fields of :class:`~eventstore.ConnectionSecurity` for a secured server
     (``user``, ``password``, ``token``, ``nkey_seed_file``, ``credentials_file``,
     ``tls_ca_file``, ``tls_cert_file``, ``tls_key_file``, ``tls_hostname``; files
-    must exist on the driver and on every executor). See the README's
-    "Connecting to a secured server" for where secrets are safest.
+    must exist on the driver and on every executor). See docs/guides/security.md
+    for where secrets are safest.
 
     Column pruning: Spark does not tell Python sources which columns a query uses,
     so ``.schema("position BIGINT, type STRING, payload STRING")`` (any subset of

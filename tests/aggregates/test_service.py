@@ -234,7 +234,7 @@ async def test_every_request_is_handled_by_exactly_one_member_of_the_queue_group
     services = []
     for member in range(3):
         accounts = Repository(store, Account)
-        service = CommandService(store, subject_prefix=prefix)
+        service = CommandService(store, subject_prefix=prefix, routing=False)  # the queue group's own sharing
         service.add(accounts, Open, lambda a, c: a.open(c.owner), create=True)
 
         def deposit(account: Account, command: Deposit, member: int = member) -> int:

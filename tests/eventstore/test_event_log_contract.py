@@ -109,6 +109,26 @@ async def test_an_idempotency_key_stores_once_and_answers_the_first_result(log: 
     assert await log.version(BOB) == 0
 
 
+async def test_a_note_is_stored_with_the_commit_and_handed_to_duplicates(log: EventLog) -> None:
+    note = '{"value": "caf\u00e9 100%\\n"}'  # any text: escaped on the wire, read back exactly
+    first = await log.append(ALICE, [Opened(owner="A")], NO_STREAM, idempotency_key="cmd-1", note=note)
+    assert (first.duplicate, first.note) == (False, None)
+    await log.append(ALICE, [Deposited(amount=1)], 1, idempotency_key="cmd-2")
+    again = await log.append(ALICE, [Opened(owner="A")], NO_STREAM, idempotency_key="cmd-1", note="another")
+    assert (again.position, again.duplicate, again.note) == (first.position, True, note)
+    found = await log.find_append(ALICE, "cmd-1", from_position=first.position)
+    assert found is not None and (found.position, found.note) == (first.position, note)
+    assert await log.find_append(ALICE, "cmd-1", from_position=first.position + 1) is None
+    found = await log.find_append(ALICE, "cmd-2")
+    assert found is not None and found.note is None
+    with pytest.raises(InvalidArgumentError, match="more than 4096"):
+        await log.append(BOB, [Opened(owner="B")], NO_STREAM, note="%" * 1366)  # 3 bytes each, escaped
+    with pytest.raises(InvalidArgumentError, match="non-empty"):
+        await log.append(BOB, [Opened(owner="B")], NO_STREAM, note="")
+    await log.append(BOB, [Opened(owner="B")], NO_STREAM, note="%" * 1365)
+    assert await log.version(BOB) == 1
+
+
 async def test_read_all_gives_whole_commits_in_order_by_category(log: EventLog) -> None:
     await log.append(ALICE, [Opened(owner="A"), Deposited(amount=1)], NO_STREAM)
     await log.append(StreamId("Memo", "m1"), [Note(text="hi")], NO_STREAM)

@@ -289,7 +289,7 @@ def _commit_size(probe: AppendResult) -> int:
 async def test_a_keyed_any_retry_is_recognised_within_the_duplicate_window_and_after_it_when_stale(
     nats_url: str,
 ) -> None:
-    """The documented reach of a keyed ANY append's idempotency (README, "Idempotency")."""
+    """The documented reach of a keyed ANY append's idempotency (docs/concepts/guarantees.md)."""
     settings = unique_settings(nats_url, duplicate_window_s=1)
     store = await _connect(settings)
     try:

@@ -98,6 +98,14 @@ def test_nats_url_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) ->
     assert EventStoreSettings(stream="X").stream == "X"  # explicit beats environment
 
 
+def test_an_empty_environment_variable_means_not_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`export NATS_URL=` unsets the server as a shell user means it, not a URL of no characters."""
+    monkeypatch.setenv("NATS_URL", "")
+    monkeypatch.setenv("JETSOURCING_STREAM", "")
+    settings = EventStoreSettings()
+    assert (settings.nats_url, settings.stream) == (None, EventStoreSettings.model_fields["stream"].default)
+
+
 async def test_stream_is_created_once_with_event_store_settings(nats_url: str) -> None:
     settings = unique_settings(nats_url)
     store = await EventStore.connect(settings)

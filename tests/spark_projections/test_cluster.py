@@ -1,7 +1,7 @@
-"""Spark with executors of their own, started as the README says: its ``spark-submit`` line, with the master
+"""Spark with executors of their own, started as the Spark cluster guide (docs/guides/spark-cluster.md) says: its ``spark-submit`` line, with the master
 ``local-cluster[2,1,1024]`` (two executor JVMs, each with its own Python workers, as a cluster's hosts would have).
 
-The driver program (``cluster/cluster_run.py``) runs the README's ``rebuild_accounts.py`` and more. A projection from
+The driver program (``cluster/cluster_run.py``) runs the guide's ``rebuild_accounts.py`` and more. A projection from
 the user's own module, which is not installed, rebuilds, updates and follows there because jetsourcing ships the
 module; without shipping, the run fails with an error naming the module. The preflight finds a credentials file and
 a ``local:`` jar missing on the executors. The tables equal those of the test session's ``local[2]`` (read with
@@ -31,7 +31,7 @@ from spark_projections.jars import delta_coordinate
 from spark_projections.settings import DELTA_MAVEN_VERSION
 
 CLUSTER = Path(__file__).with_name("cluster")
-README = Path(__file__).resolve().parents[2] / "README.md"
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guides" / "spark-cluster.md"  # the Spark cluster guide
 MASTER = "local-cluster[2,1,1024]"
 
 
@@ -54,9 +54,9 @@ def user_module(folder: Path) -> ModuleType:
 
 
 def readme_submit(nats_url: str, root: Path) -> tuple[dict[str, str], list[str]]:
-    """The README's spark-submit line (its environment and its command), for this machine: the master, the NATS URL
+    """The guide's spark-submit line (its environment and its command), for this machine: the master, the NATS URL
     and the Python replaced, and ``cluster_run.py <root>`` as the program."""
-    text = README.read_text()
+    text = GUIDE.read_text()
     [line] = re.findall(r"```sh\n(NATS_URL=\S+ PYSPARK_PYTHON=\S+ spark-submit .*?)```", text, flags=re.S)
     words = shlex.split(line.replace("\\\n", " "), comments=True)
     env = dict(word.split("=", 1) for word in words[: words.index("spark-submit")])
@@ -70,12 +70,12 @@ def readme_submit(nats_url: str, root: Path) -> tuple[dict[str, str], list[str]]
 
 
 def readme_program() -> str:
-    [program] = re.findall(r"```py\n(# rebuild_accounts\.py\n.*?)```", README.read_text(), flags=re.S)
+    [program] = re.findall(r"```py\n(# rebuild_accounts\.py\n.*?)```", GUIDE.read_text(), flags=re.S)
     return program
 
 
 @pytest.mark.timeout(900)  # two executor JVMs and a driver on 2 cores: over 5 minutes when the machine is loaded
-async def test_the_readme_spark_submit_line_runs_an_uninstalled_projection_on_separate_executors(
+async def test_the_guides_spark_submit_line_runs_an_uninstalled_projection_on_separate_executors(
     spark: SparkSession, store: EventStore, tmp_path: Path
 ) -> None:
     code = tmp_path / "app"

@@ -1,4 +1,4 @@
-"""The README's account of the column fold tables carry beyond the declared ones (GROUP_COLUMN)."""
+"""The Spark page's account (docs/concepts/spark.md) of the column fold tables carry beyond the declared ones (GROUP_COLUMN)."""
 
 from __future__ import annotations
 

@@ -144,7 +144,7 @@ class Noted(BaseModel):
 async def test_the_jetstream_format_works_on_every_session_spark_session_returns(
     run_python: Any, store: EventStore
 ) -> None:
-    """The README's ``spark.read.format("jetstream")`` without a ``read_events`` first: in a new JVM, and from a
+    """The Spark page's ``spark.read.format("jetstream")`` without a ``read_events`` first: in a new JVM, and from a
     JVM that already runs, whose next session (after ``stop()``) starts without the registration."""
     store.registry.register(Noted)
     for i in range(5):

@@ -1,11 +1,11 @@
-"""The cluster test's driver program, run with the README's ``spark-submit`` line: ``spark-submit ... cluster_run.py
-<root>`` next to ``wallet_views.py`` and the README's ``rebuild_accounts.py``, with ``NATS_URL``,
+"""The cluster test's driver program, run with the guide's ``spark-submit`` line: ``spark-submit ... cluster_run.py
+<root>`` next to ``wallet_views.py`` and the guide's ``rebuild_accounts.py``, with ``NATS_URL``,
 ``JETSOURCING_STREAM`` and ``JETSOURCING_SUBJECT_PREFIX`` set; prints one JSON object as its last line.
 
-As the README says of a program under ``spark-submit``, it takes the session spark-submit configured. First the
+As the guide says of a program under ``spark-submit``, it takes the session spark-submit configured. First the
 preflight: a relative credentials path, a ``local:`` jar missing on the executors, and a rebuild with shipping off
 (the executors cannot import ``wallet_views``), each refused with an ExecutorSetupError. Then, with shipping on (the
-default), the README's program rebuilds the fold (``myapp.views.AccountBalances`` is ``wallet_views.Balances``), the
+default), the guide's program rebuilds the fold (``myapp.views.AccountBalances`` is ``wallet_views.Balances``), the
 DataFrame projection rebuilds, both update over 60 more events, and the fold follows the stream into tables of its
 own, with nothing put on any PYTHONPATH."""
 

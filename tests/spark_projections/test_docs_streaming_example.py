@@ -1,4 +1,4 @@
-"""The README's streaming example runs as written: the ``py`` block that starts with ``# streaming example``."""
+"""The Spark page's streaming example (docs/concepts/spark.md) runs as written: the ``py`` block that starts with ``# streaming example``."""
 
 from __future__ import annotations
 
@@ -17,15 +17,15 @@ from test_projection import history, shipped  # noqa: F401 - executors import th
 from test_follow import delta_rs_rows
 from projection_examples import AccountBalances, workload
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "concepts" / "spark.md"  # the Spark projections page
 
 
 def streaming_block() -> str:
-    [block] = re.findall(r"```py\n(# streaming example.*?)```", README.read_text(), flags=re.S)
+    [block] = re.findall(r"```py\n(# streaming example.*?)```", PAGE.read_text(), flags=re.S)
     return block
 
 
-async def test_the_readme_streaming_example_follows_the_stream(
+async def test_the_docs_streaming_example_follows_the_stream(
     spark: SparkSession, store: EventStore, tmp_path: Path, monkeypatch: Any
 ) -> None:
     await history(store, workload(200, 10, seed=41))
@@ -42,9 +42,9 @@ async def test_the_readme_streaming_example_follows_the_stream(
 
     before, after = source.split("...", 1)
     namespace: dict[str, Any] = {"settings": store.settings, "AccountBalances": AccountBalances}
-    exec(compile(before, "README.md streaming example", "exec"), namespace)
+    exec(compile(before, "docs/concepts/spark.md streaming example", "exec"), namespace)
     await appended_meanwhile()
-    exec(compile(after, "README.md streaming example", "exec"), namespace)
+    exec(compile(after, "docs/concepts/spark.md streaming example", "exec"), namespace)
     rebuilt = tmp_path / "rebuilt"
     rebuild(spark, AccountBalances(), store.settings, rebuilt)
     assert delta_rs_rows(tmp_path / "lake" / "accounts", AccountBalances()) == delta_rs_rows(rebuilt, AccountBalances())
