@@ -65,9 +65,11 @@ class Scenario(Generic[A]):
     async def then(self, *expected: BaseModel | type[BaseException]) -> list[BaseModel]:
         """Check that the command recorded exactly ``expected`` events (returned), or raised the one exception
         class given (and stored nothing)."""
+        __tracebackhide__ = True  # pytest reports a failed check at the test's line, not in here
         return await self._run(expected)
 
     async def _run(self, expected: tuple[BaseModel | type[BaseException], ...]) -> list[BaseModel]:
+        __tracebackhide__ = True
         if self._when is None:
             raise InvalidArgumentError("A scenario needs when(command) before then(...).")
         store, stream_id = self.repository.store, self.repository.aggregate_type._stream_id(self.aggregate_id)

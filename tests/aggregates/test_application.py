@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +28,8 @@ from eventstore import EventLog, EventStore, EventStoreSettings, InMemoryEventSt
 from tests.conftest import unique_settings
 
 from .domain import Account, AccountOpened, Deposited, InsufficientFunds, Withdrawn
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Registered(DomainEvent):
@@ -174,6 +181,28 @@ async def test_a_then_expecting_events_reports_an_unexpected_error(any_store: Ev
         )
     with pytest.raises(AssertionError, match="raised InsufficientFunds: .*expected KeyError"):
         await scenario(any_store, Account).given(AccountOpened(owner="Ann")).when(lambda a: a.withdraw(1)).then(KeyError)
+
+
+def test_pytest_reports_a_failed_then_at_the_test_not_inside_the_scenario(tmp_path: Path) -> None:
+    # The reader of a failed domain test wants the test's line and what differs, not the scenario's own code.
+    (tmp_path / "test_failing.py").write_text(textwrap.dedent("""
+        import pytest
+        from aggregates import scenario
+        from eventstore import InMemoryEventStore
+        from tests.aggregates.domain import Account, AccountOpened, Deposited, Withdrawn
+
+        @pytest.mark.asyncio
+        async def test_withdraw() -> None:
+            await scenario(InMemoryEventStore(), Account).given(AccountOpened(owner="Ann"), Deposited(amount=10)).when(
+                lambda a: a.withdraw(4)).then(Withdrawn(amount=5))
+    """))
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-o",
+                           "asyncio_default_fixture_loop_scope=function", "test_failing.py"], cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "AssertionError: The command recorded [Withdrawn(amount=4)]; expected [Withdrawn(amount=5)]." in done.stdout
+    assert "test_failing.py:9: AssertionError" in done.stdout, done.stdout
+    assert "aggregates/testing.py" not in done.stdout, done.stdout
 
 
 async def test_scenario_arguments_are_checked(any_store: EventLog) -> None:

@@ -1,0 +1,1 @@
+"""A small lending library on jetsourcing: the code of the documentation's tutorial."""
