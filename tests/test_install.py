@@ -28,7 +28,10 @@ CHECK = textwrap.dedent(
     except ImportError as exc:
         spark = str(exc)
     samples = importlib.util.find_spec("samples") is not None
-    print(json.dumps({"heavy": heavy, "native": native.ACTIVE, "spark": spark, "samples": samples}))
+    import pathlib
+    untyped = [p for p in ("eventstore", "aggregates", "projections", "spark_projections")  # found, not imported
+               if not pathlib.Path(importlib.util.find_spec(p).origin).with_name("py.typed").is_file()]
+    print(json.dumps({"heavy": heavy, "native": native.ACTIVE, "spark": spark, "samples": samples, "untyped": untyped}))
     """
 )
 
@@ -55,6 +58,7 @@ def test_the_core_installs_and_imports_without_spark(tmp_path: Path) -> None:
     found = json.loads(checked.stdout.splitlines()[-1])
     assert found["heavy"] == [], f"the core install brought {found['heavy']}"
     assert found["samples"] is False, "the demo's code was installed as a top-level 'samples' package"
+    assert found["untyped"] == [], f"installed without their py.typed marker: {found['untyped']}"  # PEP 561
     assert found["native"] == "native", found["native"]  # the accelerator's abi3 build came with the wheel
     assert "pip install 'jetsourcing[spark]'" in found["spark"], found["spark"]
     cli = subprocess.run([str(env_dir / "bin" / "jetsourcing"), "--help"], capture_output=True, text=True, timeout=60)
