@@ -104,7 +104,8 @@ async def _serve(path: str, factory: Any, settings: CommandServiceSettings) -> i
         except Exception as exc:
             raise InvalidArgumentError(
                 f"{path}(store, **options) raised {type(exc).__name__}: {exc}. It must take the event store and "
-                "the service's options (subject_prefix, queue, max_in_flight, drain_timeout_s) and return a "
+                "the service's options (subject_prefix, queue, max_in_flight, drain_timeout_s, routing, partitions, "
+                "member_ttl_s) and return a "
                 "CommandService."
             ) from exc
         if not isinstance(service, CommandService):

@@ -27,6 +27,7 @@ gets it applied once. The wire format is in :mod:`aggregates.command_messages`.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import logging
@@ -145,6 +146,7 @@ class CommandService:
         self._membership: Membership | None = None
         self._partition_subs: dict[str, Subscription] = {}
         self._releasing: dict[asyncio.Task[None], list[Subscription]] = {}  # partitions let go a beat later
+        self._answered: collections.Counter[str] = collections.Counter()  # by outcome, for the stop's summary
         self._routes: dict[str, _Route[Any, Any]] = {}
         self._subs: list[Subscription] = []
         self._slots = asyncio.Semaphore(max_in_flight)
@@ -290,6 +292,10 @@ class CommandService:
             if late:
                 log.warning("%d command(s) still running after %.1fs were cancelled", len(late), self.drain_timeout_s)
                 await asyncio.wait(late, timeout=1.0)
+        if subs:  # it was serving: say what it did, as the projection daemon does when it stops
+            outcomes = ", ".join(f"{outcome} {count:,}" for outcome, count in sorted(self._answered.items()))
+            log.info("stopped: answered %s command(s)%s", f"{sum(self._answered.values()):,}",
+                     f" ({outcomes})" if outcomes else "")
 
     @property
     def cache_stats(self) -> dict[str, CacheStats]:
@@ -388,6 +394,7 @@ class CommandService:
         if outcome is None:
             outcome = ("duplicate" if answer["duplicate"] else "ok") if answer["ok"] else answer["error"]
         COMMANDS.labels(self._command_of(msg.subject), outcome).inc()
+        self._answered[outcome] += 1
         if not msg.reply:
             return
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import json
 import os
 import signal
@@ -64,8 +65,12 @@ async def test_serve_answers_commands_and_sigterm_drains_and_exits_0(store: Even
         async with asyncio.timeout(10):
             code = await process.wait()
         assert code == 0 and time.monotonic() - started < 5
+        assert process.stderr is not None
+        said = (await process.stderr.read()).decode()
     done = await asyncio.gather(*sends, return_exceptions=True)
     answered = [r for r in done if not isinstance(r, BaseException)]
+    # its summary counts what it answered: the open and the deposits answered ok (those refused in the drain apart)
+    assert re.search(rf"stopped: answered [\d,]+ command\(s\) \(.*\bok {len(answered) + 1}\b", said), said
     # What was answered is stored; what was not (sent after the drain began) is not, and resending is safe.
     assert (await Repository(store, Account).get("acc-1")).state.balance == len(answered)
 
