@@ -198,10 +198,10 @@ class Follower:
     def _between_triggers(self, deadline: float) -> None:
         """Return once the query's thread sleeps until its next trigger, not close to it (or at ``deadline``).
 
-        Spark stops a query by interrupting its thread. During a trigger that thread talks to the source's
-        Python process (the jetstream source plans micro-batches there), and an interrupt closes their socket
-        under it: the process then prints an ``EOFError`` / ``BrokenPipeError`` traceback before Spark ends it.
-        Between triggers the thread only sleeps, and an interrupt just wakes it. Spark starts processing-time
+        Spark stops a query by interrupting its thread. While it starts the source and during a trigger, that
+        thread talks to the source's Python process (the jetstream source plans micro-batches there), and an
+        interrupt closes their socket under it: the process then prints an ``EOFError`` / ``BrokenPipeError``
+        traceback before Spark ends it. Between triggers the thread only sleeps, and an interrupt just wakes it. Spark starts processing-time
         triggers at whole multiples of the interval on the wall clock (``ProcessingTimeExecutor``), so a stop
         made well before the next one finds the thread asleep.
         """
