@@ -30,6 +30,7 @@ from typing import Any
 
 from eventstore import EventStore, InvalidArgumentError, ServerUnavailableError, import_object
 from eventstore.cli import server_settings
+from eventstore.exit_codes import add_exit_codes
 
 from .service import CommandService
 from .settings import CommandServiceSettings
@@ -54,6 +55,7 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--queue", help="queue group (JETSOURCING_COMMAND_QUEUE)")
     serve.add_argument("--max-in-flight", type=int, help="commands run at once (JETSOURCING_COMMAND_MAX_IN_FLIGHT)")
     serve.add_argument("--drain-timeout", type=float, help="seconds a stop may take (JETSOURCING_COMMAND_DRAIN_TIMEOUT_S)")
+    add_exit_codes(serve, runs_until_stopped=True)
     return serve
 
 
