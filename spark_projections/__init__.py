@@ -51,6 +51,7 @@ from .errors import (
     SchemaMismatchError,
     SparkProjectionError,
     SparkStartupError,
+    SparkUsageError,
 )
 from .jars import export_delta_jars
 from .java import check_java
@@ -86,6 +87,7 @@ __all__ = [
     "SparkProjectionError",
     "SparkSettings",
     "SparkStartupError",
+    "SparkUsageError",
     "TypedDecodingError",
     "WriteResult",
     "check_java",
