@@ -198,3 +198,40 @@ def test_cli_reports_errors_without_a_traceback(tmp_path: Path, run_python: Any)
     assert result.returncode == 1  # a failure it explains; 2 is for usage errors
     assert result.stderr.startswith("jetsourcing: The offline Delta jars folder"), result.stderr[-3000:]
     assert "Traceback" not in result.stderr
+
+
+def test_two_processes_starting_together_on_an_empty_cache_resolve_once_and_both_start(tmp_path: Path) -> None:
+    # Two `jetsourcing spark check` at the same time, each a fresh JVM, on an empty Ivy directory and jars cache:
+    # they really download (from Maven Central). Ivy does not lock its cache: together, one once read the other's
+    # half-written jar ("Downloaded file size (0) doesn't match expected Content Length") and did not start.
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK_GATEWAY", "JETSOURCING_"))}
+    env.update({
+        "PYTHONPATH": str(root),
+        "JETSOURCING_SPARK_MASTER": "local[1]",
+        "JETSOURCING_SPARK_DELTA_JARS_CACHE": str(tmp_path / "cache"),
+        "JETSOURCING_SPARK_EXTRA_CONF": json.dumps({**TEST_PROFILE_CONF, "spark.jars.ivy": str(tmp_path / "ivy")}),
+    })
+    processes = [
+        subprocess.Popen([sys.executable, "-m", "projections.cli", "spark", "check"], cwd=root, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    try:
+        results = [(p.communicate(timeout=900), p.returncode) for p in processes]
+    finally:
+        for p in processes:
+            if p.poll() is None:
+                p.kill()
+    for (out, err), code in results:
+        assert code == 0 and "delta round trip (write a table, read it back): ok" in out, out + err[-3000:]
+    outs = sorted(out for (out, _), _ in results)
+    through_ivy = [out for out in outs if "(Maven, through Ivy)" in out]
+    from_cache = [out for out in outs if "(from the jars cache: " in out]
+    assert len(through_ivy) == 1 and len(from_cache) == 1, outs  # the second waited, then took what the first stored
+    waited = [err for (_, err), _ in results if f"is resolving jars in {tmp_path / 'ivy'}" in err]
+    assert len(waited) == 1, [err[-2000:] for (_, err), _ in results]
