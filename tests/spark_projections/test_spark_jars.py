@@ -235,3 +235,11 @@ def test_two_processes_starting_together_on_an_empty_cache_resolve_once_and_both
     assert len(through_ivy) == 1 and len(from_cache) == 1, outs  # the second waited, then took what the first stored
     waited = [err for (_, err), _ in results if f"is resolving jars in {tmp_path / 'ivy'}" in err]
     assert len(waited) == 1, [err[-2000:] for (_, err), _ in results]
+
+
+def test_the_demo_states_the_size_of_what_a_first_start_downloads(spark: SparkSession) -> None:
+    from samples.spark_demo import DELTA_JARS_MB
+    from spark_projections.jars import session_jars
+
+    downloaded_mb = sum(jar.stat().st_size for jar in session_jars(spark)) / 1e6
+    assert abs(downloaded_mb - DELTA_JARS_MB) <= 0.1 * downloaded_mb, f"the jars are {downloaded_mb:.0f} MB"
