@@ -6,8 +6,8 @@ file size (0) doesn't match expected Content Length") and fails to start. :func:
 serialises the JVM starts of jetsourcing's processes that resolve through the same Ivy directory
 with an advisory lock (``flock``) on a file in it. The lock is released when its holder releases
 it or exits, whatever the way (a killed process holds nothing); the JVM being started holds it too
-(:attr:`ResolutionLock.fd` is handed to it), so a JVM that outlives an interrupted start still
-resolves alone. A process that waits says so in the log, with who holds the lock, and gives up
+(:attr:`ResolutionLock.fd` is handed to it), so a JVM that outlives an interrupted start (Ctrl-C
+while it downloads) still resolves alone. A process that waits says so in the log, with who holds the lock, and gives up
 with :class:`~spark_projections.errors.DeltaJarsUnavailableError` (``resolution_busy``) after
 ``timeout_s``.
 """
@@ -72,8 +72,13 @@ def resolution_lock(ivy_dir: Path, *, timeout_s: float = RESOLUTION_WAIT_S) -> I
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         try:
             yield ResolutionLock(fd, waited)
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)  # for every copy of the descriptor: the JVM's too
+        except Exception:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            raise
+        # An interruption (KeyboardInterrupt, a signal's exception) leaves the lock to the JVM being started with
+        # it, if one is, until that JVM exits: it may still be downloading. Otherwise, released for every copy of
+        # the descriptor, the JVM's too.
+        fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
 

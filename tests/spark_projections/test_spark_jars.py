@@ -243,3 +243,28 @@ def test_the_demo_states_the_size_of_what_a_first_start_downloads(spark: SparkSe
 
     downloaded_mb = sum(jar.stat().st_size for jar in session_jars(spark)) / 1e6
     assert abs(downloaded_mb - DELTA_JARS_MB) <= 0.1 * downloaded_mb, f"the jars are {downloaded_mb:.0f} MB"
+
+
+def test_a_resolution_waits_for_the_one_under_way_and_gives_up_at_its_deadline(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import fcntl
+    import os
+
+    from spark_projections.jars_lock import LOCK_FILE, resolution_lock
+
+    with resolution_lock(tmp_path / "ivy") as first:
+        assert first.waited_s < 1
+        other = os.open(tmp_path / "ivy" / LOCK_FILE, os.O_RDWR)  # another open file: as another process's
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            with pytest.raises(DeltaJarsUnavailableError) as refused, resolution_lock(tmp_path / "ivy", timeout_s=0.5):
+                pass
+        finally:
+            os.close(other)
+    assert refused.value.problem == "resolution_busy"
+    assert f"(pid {os.getpid()}) has been resolving jars in {tmp_path / 'ivy'}" in str(refused.value)
+    assert f"Another process (pid {os.getpid()}) is resolving jars in {tmp_path / 'ivy'}" in caplog.text
+    with resolution_lock(tmp_path / "ivy", timeout_s=0.5) as again:  # released by the first holder
+        assert again.waited_s < 0.5
