@@ -40,7 +40,7 @@ from eventstore import EventStoreSettings, ImportPathError, import_object
 from eventstore.exit_codes import FAILURE, USAGE, add_exit_codes
 from projections import ErrorPolicy, Projection
 from spark_projections.errors import SparkProjectionError, SparkUsageError
-from spark_projections.interrupt import ExitOnSignal, Interrupted
+from spark_projections.interrupt import ExitOnSignal
 from spark_projections.delta import WriteResult, table_history
 from spark_projections.projection import AnyProjection, DataFrameProjection, last_position, rebuild, update
 from spark_projections.settings import SparkSettings, check_master
@@ -100,9 +100,6 @@ def main(argv: Sequence[str] | None = None, *, spark: SparkSession | None = None
             if args.command == "status":
                 return run_status(args)
             return _fetch(args.dest, args.delta_version, signals)
-    except Interrupted as stop:
-        print(stop.line, file=sys.stderr)
-        return stop.code
     except SparkProjectionError as exc:
         print(f"jetsourcing: {exc}", file=sys.stderr)
         return USAGE if isinstance(exc, SparkUsageError) else FAILURE

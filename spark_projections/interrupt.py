@@ -3,13 +3,13 @@
 PySpark's own Ctrl-C handler cancels the jobs through the py4j connection the interrupted call is
 still using, then raises ``KeyboardInterrupt`` inside it: some sixty lines of py4j tracebacks,
 and seconds of Spark shutting down after them. :class:`ExitOnSignal` replaces it while a
-command runs. Before a JVM is up (checking the server, waiting for the jars, starting Spark) the
-signal raises :class:`Interrupted`, so that what was begun is undone as usual, and the command
-ends with its line. Once a JVM runs, the process says its line, asks the JVM to stop (SIGTERM:
-Spark's shutdown hooks cancel the jobs and remove its temporary files), waits for it a moment
-(:data:`JVM_STOP_S`) and exits; the JVM finishes its shutdown alone if it needs longer. Nothing
-else reaches the terminal after the line: what the dying JVM and the interrupted call print then
-is about the stop itself.
+command runs: the process says its line, asks the JVM it runs to stop (SIGTERM: Spark's shutdown
+hooks cancel the jobs and remove its temporary files), waits for it a moment (:data:`JVM_STOP_S`)
+and exits; the JVM finishes its shutdown alone if it needs longer. Nothing else reaches the
+terminal after the line: what the dying JVM and the interrupted call print then is about the
+stop itself. A JVM still starting is not waited for: it exits by itself once up, when it finds
+this process gone (unwinding PySpark's start instead would remove the file through which that
+JVM reports it is up, and it would wait for ever).
 
 A Delta commit is all or nothing, so an interrupted ``rebuild`` or ``update`` leaves each table
 at a whole commit (its last one, or, for a commit under way, the new one), never half-written; it
@@ -29,24 +29,12 @@ from typing import Any, NoReturn
 
 from spark_projections.session import jvm_process
 
-__all__ = ["JVM_STOP_S", "ExitOnSignal", "Interrupted"]
+__all__ = ["JVM_STOP_S", "ExitOnSignal"]
 
 JVM_STOP_S = 1.0
 """How long a command interrupted with a JVM running waits for that JVM to exit before it exits itself."""
 
 _NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
-
-
-class Interrupted(BaseException):
-    """A signal stopped the command before its JVM was up; ``code`` is its exit code (128 + the signal's number).
-
-    A ``BaseException``, as ``KeyboardInterrupt`` is: no ``except Exception`` on the way takes it for an error.
-    """
-
-    def __init__(self, signum: int, line: str) -> None:
-        super().__init__(line)
-        self.code = 128 + signum
-        self.line = line
 
 
 class ExitOnSignal:
@@ -77,15 +65,11 @@ class ExitOnSignal:
             for sig in _NAMES:
                 signal.signal(sig, self._on_signal)
 
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        line = f"jetsourcing: stopped by {_NAMES[signal.Signals(signum)]}: {self.outcome}"
-        jvm = jvm_process()
-        if jvm is None:
-            raise Interrupted(signum, line)
-        _exit_stopping(jvm, line, 128 + signum)
+    def _on_signal(self, signum: int, frame: FrameType | None) -> NoReturn:
+        _exit_stopping(f"jetsourcing: stopped by {_NAMES[signal.Signals(signum)]}: {self.outcome}", 128 + signum)
 
 
-def _exit_stopping(jvm: subprocess.Popen[bytes], line: str, code: int) -> NoReturn:
+def _exit_stopping(line: str, code: int) -> NoReturn:
     try:
         sys.stdout.flush()  # the lines printed so far (a print this signal interrupted may be cut)
     except (OSError, RuntimeError, ValueError):
@@ -94,9 +78,11 @@ def _exit_stopping(jvm: subprocess.Popen[bytes], line: str, code: int) -> NoRetu
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
-    jvm.terminate()
-    try:
-        jvm.wait(JVM_STOP_S)
-    except subprocess.TimeoutExpired:  # it goes on with its shutdown hooks alone
-        pass
+    jvm = jvm_process()
+    if jvm is not None:
+        jvm.terminate()
+        try:
+            jvm.wait(JVM_STOP_S)
+        except subprocess.TimeoutExpired:  # it goes on with its shutdown hooks alone
+            pass
     os._exit(code)
