@@ -46,6 +46,7 @@ def parser() -> argparse.ArgumentParser:
         prog="jetsourcing serve", description="Serve an application's commands over NATS until SIGTERM.",
         epilog="example: jetsourcing serve samples.bank.commands:command_service --max-in-flight 128",
     )
+    add_exit_codes(serve, runs_until_stopped=True)  # shown after the options
     serve.add_argument("factory", metavar="module:function",
                        help="a function (store, **options) -> CommandService")
     serve.add_argument("--nats-url", help="NATS server URL(s) (NATS_URL)")
@@ -55,7 +56,6 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--queue", help="queue group (JETSOURCING_COMMAND_QUEUE)")
     serve.add_argument("--max-in-flight", type=int, help="commands run at once (JETSOURCING_COMMAND_MAX_IN_FLIGHT)")
     serve.add_argument("--drain-timeout", type=float, help="seconds a stop may take (JETSOURCING_COMMAND_DRAIN_TIMEOUT_S)")
-    add_exit_codes(serve, runs_until_stopped=True)
     return serve
 
 
