@@ -30,6 +30,7 @@ from typing import Any
 
 from eventstore import EventStore, InvalidArgumentError, ServerUnavailableError, import_object
 from eventstore.cli import server_settings
+from eventstore.exit_codes import add_exit_codes
 
 from .service import CommandService
 from .settings import CommandServiceSettings
@@ -45,6 +46,7 @@ def parser() -> argparse.ArgumentParser:
         prog="jetsourcing serve", description="Serve an application's commands over NATS until SIGTERM.",
         epilog="example: jetsourcing serve samples.bank.commands:command_service --max-in-flight 128",
     )
+    add_exit_codes(serve, runs_until_stopped=True)  # shown after the options
     serve.add_argument("factory", metavar="module:function",
                        help="a function (store, **options) -> CommandService")
     serve.add_argument("--nats-url", help="NATS server URL(s) (NATS_URL)")

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .events import RecordedEvent
+from .exit_codes import add_exit_codes
 from .settings import EventStoreSettings
 from .store import EventStore
 from .streams import StreamId
@@ -32,10 +33,13 @@ __all__ = ["entity_main", "events_main", "server_settings"]
 def _command(
     name: str, description: str, examples: str, sub: str, sub_help: str, sub_examples: str
 ) -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
-    """``jetsourcing <name> <sub>``: the command's parser and its one sub-command's."""
+    """``jetsourcing <name> <sub>``: the command's parser and its one sub-command's, each with the exit codes."""
     parser = argparse.ArgumentParser(prog=f"jetsourcing {name}", description=description, epilog=examples)
+    add_exit_codes(parser)
     commands = parser.add_subparsers(dest="command", required=True)
-    return parser, commands.add_parser(sub, help=sub_help, epilog=sub_examples)
+    command = commands.add_parser(sub, help=sub_help, epilog=sub_examples)
+    add_exit_codes(command)
+    return parser, command
 
 
 def _connection_options(parser: argparse.ArgumentParser) -> None:

@@ -28,6 +28,7 @@ from types import FrameType
 
 from .cluster import EmbeddedCluster
 from .errors import EventStoreError
+from .exit_codes import add_exit_codes
 from .server import EmbeddedServer
 
 __all__ = ["DEFAULT_PORT", "DEFAULT_STORAGE_DIR", "server_main"]
@@ -43,8 +44,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="jetsourcing server",
         description="Run a NATS server with JetStream for development, in the foreground, on 127.0.0.1. It prints "
-        "the NATS_URL to export; the events it stores survive restarts. Ctrl-C stops it (exit 130), so does SIGTERM "
-        "(exit 0); 1 means it could not start or stopped by itself, 2 a usage error.",
+        "the NATS_URL to export; the events it stores survive restarts. Ctrl-C or SIGTERM stops it; exit code 1 "
+        "means it could not start or stopped by itself.",
         epilog="examples: jetsourcing server | jetsourcing server --nodes 3 | jetsourcing server --port 4333 "
         "--storage-dir /tmp/dev-events",
     )
@@ -56,6 +57,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="1 (default): one server; 3: a local cluster whose streams can have 3 replicas")
     parser.add_argument("--sync-always", action="store_true",
                         help="fsync every write before acknowledging it (slower; survives a power loss)")
+    add_exit_codes(parser, runs_until_stopped=True)
     return parser
 
 

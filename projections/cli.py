@@ -49,6 +49,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from eventstore import EventStoreError, EventStoreSettings, ImportPathError
+from eventstore.exit_codes import add_exit_codes
 from eventstore.security import redact_url
 
 from .daemon import SignalShutdown, run_daemon
@@ -89,6 +90,7 @@ def _parser() -> argparse.ArgumentParser:
         "jetsourcing serve myapp.commands:service | jetsourcing spark check",
     )
     parser.add_argument("--version", action="version", version=f"jetsourcing {_version()}")
+    add_exit_codes(parser)
     commands = parser.add_subparsers(dest="command", required=True)
     for name in _plugins():  # listed for --help; run by main before parsing
         commands.add_parser(name, add_help=False, help=f"(see jetsourcing {name} --help)")
@@ -98,6 +100,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog="examples: jetsourcing run myapp.views:Balances myapp.views:Orders --db views.sqlite3 | "
         "jetsourcing run myapp.views:Balances --until-caught-up --log-format json --metrics-port 9100",
     )
+    add_exit_codes(run, runs_until_stopped=True)
     run.add_argument("projections", nargs="+", metavar="module:Class")
     run.add_argument("--until-caught-up", action="store_true",
                      help="burst mode: catch up to the stream's last position at start, then exit")
@@ -109,6 +112,7 @@ def _parser() -> argparse.ArgumentParser:
         "rebuild", parents=[common], help="replay into a shadow copy and switch readers to it",
         epilog="examples: jetsourcing rebuild myapp.views:Balances | jetsourcing rebuild myapp.views:Balances --resume",
     )
+    add_exit_codes(reb)
     reb.add_argument("projection", metavar="module:Class")
     reb.add_argument("--batch-size", type=int, help="events per batch (JETSOURCING_REBUILD_BATCH_SIZE)")
     reb.add_argument("--error-policy", choices=[p.value for p in ErrorPolicy])
@@ -125,6 +129,8 @@ def _parser() -> argparse.ArgumentParser:
         "--position 1042 | jetsourcing dead-letters drop --projection balances --position 1042 | "
         "jetsourcing dead-letters drop --reactor mailer --all",
     )
+    add_exit_codes(status)
+    add_exit_codes(dead)
     dead.add_argument("action", choices=["list", "retry", "drop"])
     dead.add_argument("code", nargs="?", metavar="module:reactor",
                       help="retry: the reactor whose handlers run again on its dead letters")

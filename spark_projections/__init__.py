@@ -21,10 +21,12 @@ run in Spark), ``delta.py`` and ``session.py``. Modules, one job each:
 * :mod:`spark_projections.ship` - the user's projection code shipped to the executors;
 * :mod:`spark_projections.executors` - the driver's preflight of what executors need (a reachable URL, files, jars, modules);
 * :mod:`spark_projections.jars` - where the Delta jars come from (Maven or offline folder);
+* :mod:`spark_projections.jars_lock` - one resolution through Ivy at a time per Ivy directory, across processes;
 * :mod:`spark_projections.java` - the Java 17+ check done before a JVM starts;
 * :mod:`spark_projections.errors` - the typed errors, each with a user-facing remedy;
 * :mod:`spark_projections.cli` - ``jetsourcing spark``: ``check``, ``fetch-delta-jars``,
-  ``rebuild`` and ``update``.
+  ``rebuild`` and ``update`` (``follow`` and ``status`` in :mod:`spark_projections.follow_command`),
+  and :mod:`spark_projections.interrupt` - Ctrl-C and SIGTERM in them.
 
 Spark and Delta are the ``[spark]`` extra: ``pip install 'jetsourcing[spark]'``. The event
 store, aggregates and projections install and import without them.
@@ -51,6 +53,7 @@ from .errors import (
     SchemaMismatchError,
     SparkProjectionError,
     SparkStartupError,
+    SparkUsageError,
 )
 from .jars import export_delta_jars
 from .java import check_java
@@ -86,6 +89,7 @@ __all__ = [
     "SparkProjectionError",
     "SparkSettings",
     "SparkStartupError",
+    "SparkUsageError",
     "TypedDecodingError",
     "WriteResult",
     "check_java",

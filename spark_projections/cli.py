@@ -13,8 +13,13 @@ Sub-commands:
 * ``follow module:Projection --root DIR`` - keep the tables up to date with a streaming query
   until SIGTERM, and ``status`` - where it is (:mod:`spark_projections.follow_command`).
 
-Exit status 0 on success, 2 with a one-paragraph explanation (no stack trace) when a
-:class:`~spark_projections.errors.SparkProjectionError` occurs.
+Exit codes, as every ``jetsourcing`` command's (:mod:`eventstore.exit_codes`): 0 success; 1 a
+failure, explained in one paragraph without a stack trace (a
+:class:`~spark_projections.errors.SparkProjectionError`); 2 a usage error (arguments, a
+:class:`~spark_projections.errors.SparkUsageError`: an import path, a ``JETSOURCING_SPARK_*``
+value); 130 after Ctrl-C and 143 after SIGTERM, within a moment and with one line
+(:mod:`spark_projections.interrupt`; ``follow`` stops after its micro-batch, and exits 0 after
+SIGTERM, its normal stop).
 """
 
 from __future__ import annotations
@@ -32,8 +37,10 @@ from pydantic import ValidationError
 from pyspark.sql import SparkSession
 
 from eventstore import EventStoreSettings, ImportPathError, import_object
+from eventstore.exit_codes import FAILURE, USAGE, add_exit_codes
 from projections import ErrorPolicy, Projection
-from spark_projections.errors import SparkProjectionError
+from spark_projections.errors import SparkProjectionError, SparkUsageError
+from spark_projections.interrupt import ExitOnSignal
 from spark_projections.delta import WriteResult, table_history
 from spark_projections.projection import AnyProjection, DataFrameProjection, last_position, rebuild, update
 from spark_projections.settings import SparkSettings, check_master
@@ -46,6 +53,7 @@ __all__ = [
     "event_store_settings",
     "load",
     "main",
+    "new_session",
     "run_command",
     "spark_settings",
     "stage_printer",
@@ -64,9 +72,10 @@ def main(argv: Sequence[str] | None = None, *, spark: SparkSession | None = None
         epilog="examples: jetsourcing spark check | "
         "jetsourcing spark rebuild myapp.views:AccountBalances --root /lake/accounts"
     )
+    add_exit_codes(parser)
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("check", help="start Spark with Delta and do a Delta round trip",
-                        epilog="example: jetsourcing spark check")
+    add_exit_codes(commands.add_parser("check", help="start Spark with Delta and do a Delta round trip",
+                                       epilog="example: jetsourcing spark check"))
     fetch = commands.add_parser(
         "fetch-delta-jars", help="download the Delta jars into a folder for offline use",
         epilog="example: jetsourcing spark fetch-delta-jars /opt/delta-jars, then "
@@ -74,37 +83,51 @@ def main(argv: Sequence[str] | None = None, *, spark: SparkSession | None = None
     )
     fetch.add_argument("dest", type=Path, help="folder to copy the jars into (created)")
     fetch.add_argument("--delta-version", help="Delta version to resolve (default: settings)")
+    add_exit_codes(fetch)
     add_commands(commands)
     from spark_projections.follow_command import add_follow_commands, run_follow, run_status
 
     add_follow_commands(commands)
     args = parser.parse_args(argv)
     try:
-        if args.command == "check":
-            return _check()
-        if args.command in ("rebuild", "update"):
-            return run_command(args, spark)
-        if args.command == "follow":
-            return run_follow(args, spark)
-        if args.command == "status":
-            return run_status(args)
-        return _fetch(args.dest, args.delta_version)
+        with ExitOnSignal(_OUTCOMES.get(args.command, "nothing was changed.")) as signals:
+            if args.command == "check":
+                return _check(signals)
+            if args.command in ("rebuild", "update"):
+                return run_command(args, spark, signals)
+            if args.command == "follow":
+                return run_follow(args, spark, signals)
+            if args.command == "status":
+                return run_status(args)
+            return _fetch(args.dest, args.delta_version, signals)
     except SparkProjectionError as exc:
         print(f"jetsourcing: {exc}", file=sys.stderr)
-        return 2
+        return USAGE if isinstance(exc, SparkUsageError) else FAILURE
+
+
+# What an interrupted command leaves (the rest of its one line; see spark_projections.interrupt).
+_WHOLE_COMMITS = ("each Delta table keeps its last whole commit (a commit is all or nothing, so none is "
+                  "half-written). Run the command again to bring them all up to date.")
+_OUTCOMES = {
+    "rebuild": _WHOLE_COMMITS,
+    "update": _WHOLE_COMMITS,
+    "follow": _WHOLE_COMMITS,
+    "fetch-delta-jars": "the folder may hold part of the jars; run the command again before using it.",
+}
 
 
 def load(path: str) -> AnyProjection:
-    """Import ``module:attr``: a Projection subclass or instance, or a DataFrameProjection."""
+    """Import ``module:attr``: a Projection subclass or instance, or a DataFrameProjection; else
+    :class:`SparkUsageError` saying why."""
     try:
         obj = import_object(path)
     except ImportPathError as exc:
-        raise SparkProjectionError(str(exc)) from exc
+        raise SparkUsageError(str(exc)) from exc
     if isinstance(obj, type) and issubclass(obj, Projection):
         obj = obj()
     if isinstance(obj, (Projection, DataFrameProjection)):
         return obj
-    raise SparkProjectionError(f"{path!r} is {obj!r}, not a Projection or DataFrameProjection.")
+    raise SparkUsageError(f"{path!r} is {obj!r}, not a Projection or DataFrameProjection.")
 
 
 def add_commands(commands: Any) -> None:
@@ -117,6 +140,7 @@ def add_commands(commands: Any) -> None:
             name, help=help_text,
             epilog=f"example: jetsourcing spark {name} myapp.views:AccountBalances --root /lake/accounts --partitions 4",
         )
+        add_exit_codes(command)
         add_common_options(command)
         command.add_argument("--to-position", type=int, help="last stream position to include (default: the last)")
 
@@ -168,18 +192,27 @@ def stage_printer() -> Callable[[str], None]:
 
 
 def start_spark(
-    args: argparse.Namespace, settings: EventStoreSettings, stage: Callable[[str], None]
+    args: argparse.Namespace, settings: EventStoreSettings, stage: Callable[[str], None], signals: ExitOnSignal
 ) -> tuple[SparkSession, SparkSettings]:
     """Check the settings and the server, then start the session of :func:`spark_settings`, saying so."""
-    from spark_projections.session import spark_session
-
     wanted = spark_settings(args)  # a bad JETSOURCING_SPARK_* fails before anything else
     stage(f"the stream's last position: {last_position(settings):,}")  # a bad server fails before Spark starts
     stage("starting Spark with Delta Lake (its start-up output goes to a log file)")
-    spark = spark_session(wanted)
+    spark = new_session(wanted, signals)
     stage(f"Spark {spark.version} started: master {spark.sparkContext.master}, "
           f"{spark.conf.get('spark.sql.shuffle.partitions')} shuffle partitions")
     return spark, wanted
+
+
+def new_session(settings: SparkSettings, signals: ExitOnSignal) -> SparkSession:
+    """:func:`~spark_projections.session.spark_session` of ``settings``, the command's ``signals`` handlers kept (the
+    context PySpark starts installs its own for Ctrl-C)."""
+    from spark_projections.session import spark_session  # here: `--help` stays instant and never touches Spark
+
+    try:
+        return spark_session(settings)
+    finally:
+        signals.arm()
 
 
 def _master(text: str) -> str:
@@ -202,7 +235,7 @@ def at_least_one(text: str) -> int:
 
 def spark_settings(args: argparse.Namespace) -> SparkSettings:
     """``SparkSettings`` from ``JETSOURCING_SPARK_*``, with the ``--master`` and ``--shuffle-partitions`` of
-    ``args`` (:func:`add_common_options`) winning over them. Raises :class:`SparkProjectionError` naming the
+    ``args`` (:func:`add_common_options`) winning over them. Raises :class:`SparkUsageError` naming the
     variable whose value is invalid."""
     overrides = {k: v for k, v in (("master", args.master), ("shuffle_partitions", args.shuffle_partitions))
                  if v is not None}
@@ -216,23 +249,24 @@ def _from_environment(**overrides: Any) -> SparkSettings:
         first = exc.errors()[0]
         field = str(first["loc"][0]) if first["loc"] else "?"
         reason = first.get("ctx", {}).get("error", first["msg"])
-        raise SparkProjectionError(
+        raise SparkUsageError(
             f"JETSOURCING_SPARK_{field.upper()}={first['input']!r} is not valid: {reason}"
         ) from exc
 
 
-def run_command(args: argparse.Namespace, spark: SparkSession | None = None) -> int:
+def run_command(args: argparse.Namespace, spark: SparkSession | None = None,
+                signals: ExitOnSignal | None = None) -> int:
     """Run a parsed ``rebuild`` / ``update`` command: a line per stage as it starts (with the seconds since the
     command began), then the result and, per table, its Delta version and the rows the commit wrote.
 
-    Uses ``spark`` as it is, or starts a session from :func:`spark_settings`; the event store
-    settings come from the arguments, then ``NATS_URL`` / ``JETSOURCING_*``.
+    Uses ``spark`` as it is, or starts a session from :func:`spark_settings` (keeping ``signals``' handlers); the
+    event store settings come from the arguments, then ``NATS_URL`` / ``JETSOURCING_*``.
     """
     stage = stage_printer()
     projection = load(args.projection)
     settings = event_store_settings(args)
     if spark is None:
-        spark, _ = start_spark(args, settings, stage)
+        spark, _ = start_spark(args, settings, stage, signals or ExitOnSignal(""))
     run = (rebuild if args.command == "rebuild" else update)(
         spark, projection, settings, args.root, partitions=args.partitions, to_position=args.to_position,
         error_policy=args.error_policy, progress=stage,
@@ -260,17 +294,16 @@ def _rows_written(spark: SparkSession, root: str, name: str, result: WriteResult
     return f", rows {', '.join(shown)}" if shown else ""
 
 
-def _check() -> int:
+def _check(signals: ExitOnSignal) -> int:
     # Imported here so `--help` stays instant and never touches Spark.
     from spark_projections.delta import full_rebuild
     from spark_projections.jars import delta_coordinate, session_jars
     from spark_projections.java import check_java
-    from spark_projections.session import spark_session
 
     settings = _from_environment()
     java = check_java()
     started = time.monotonic()
-    spark = spark_session(settings)
+    spark = new_session(settings, signals)
     elapsed = time.monotonic() - started
     round_trip = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="jetsourcing-check-") as tmp:
@@ -297,16 +330,15 @@ def _check() -> int:
     return 0 if ok else 1
 
 
-def _fetch(dest: Path, delta_version: str | None) -> int:
+def _fetch(dest: Path, delta_version: str | None, signals: ExitOnSignal) -> int:
     from spark_projections.jars import export_delta_jars, offline_delta_jars
-    from spark_projections.session import spark_session
 
     settings = _from_environment()
     # Never from an offline folder, whatever the environment says: from the jars cache or Maven.
     update: dict[str, object] = {"delta_jars_dir": None}
     if delta_version:
         update["delta_version"] = delta_version
-    spark = spark_session(settings.model_copy(update=update))
+    spark = new_session(settings.model_copy(update=update), signals)
     copied = export_delta_jars(spark, dest)
     offline_delta_jars(dest)  # prove the folder is usable before saying so
     print(f"copied {len(copied)} jars into {dest}")

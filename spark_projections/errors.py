@@ -25,6 +25,7 @@ __all__ = [
     "SchemaMismatchError",
     "SparkProjectionError",
     "SparkStartupError",
+    "SparkUsageError",
     "root_cause",
 ]
 
@@ -34,6 +35,12 @@ class SparkProjectionError(Exception):
 
     Guarantees ``str(error)`` is a complete, user-readable explanation with a remedy.
     """
+
+
+class SparkUsageError(SparkProjectionError):
+    """What the command line or the environment gave cannot be used as it is: an import path that names no
+    projection, an invalid ``JETSOURCING_SPARK_*`` value. The ``jetsourcing spark`` commands exit 2 for it, as for
+    arguments argparse refuses (any other :class:`SparkProjectionError`: 1)."""
 
 
 class JavaNotFoundError(SparkProjectionError):
@@ -83,6 +90,7 @@ JarsProblem = Literal[
     "offline_jars_missing",
     "offline_jars_incompatible",
     "jar_missing",
+    "resolution_busy",
 ]
 """Why the Delta jars could not be made available (see :class:`DeltaJarsUnavailableError`)."""
 
@@ -98,7 +106,9 @@ class DeltaJarsUnavailableError(SparkProjectionError):
     * ``offline_dir_missing`` / ``offline_jars_missing`` / ``offline_jars_incompatible`` -
       offline mode, the configured jars folder is absent, lacks the Delta jars, or holds
       jars built for another Spark version;
-    * ``jar_missing`` - a jar ``spark.jars`` lists is not where it says.
+    * ``jar_missing`` - a jar ``spark.jars`` lists is not where it says;
+    * ``resolution_busy`` - online mode, another process kept resolving jars in the same Ivy directory for
+      longer than this one waits (:mod:`spark_projections.jars_lock`).
 
     ``jvm_output`` holds the relevant lines Spark printed, when the failure came from the JVM.
     """

@@ -138,9 +138,10 @@ def follow_status(root: str | os.PathLike[str], projection: AnyProjection) -> Fo
 class Follower:
     """A running :func:`follow`: its streaming query, and a stop that lets the micro-batch in flight finish."""
 
-    def __init__(self, query: StreamingQuery, writer: _BatchWriter) -> None:
+    def __init__(self, query: StreamingQuery, writer: _BatchWriter, trigger_s: float | None) -> None:
         self.query = query
         self._writer = writer
+        self._trigger_s = trigger_s  # None: an available-now query, which ends by itself
 
     @property
     def status(self) -> FollowStatus | None:
@@ -190,8 +191,30 @@ class Follower:
             if progress is not None and progress["batchId"] >= done.batch_id:
                 break
             time.sleep(0.05)
+        self._between_triggers(deadline)
         self._writer.stopping = True
         self.query.stop()
+
+    def _between_triggers(self, deadline: float) -> None:
+        """Return once the query's thread sleeps until its next trigger, not close to it (or at ``deadline``).
+
+        Spark stops a query by interrupting its thread. While it starts the source and during a trigger, that
+        thread talks to the source's Python process (the jetstream source plans micro-batches there), and an
+        interrupt closes their socket under it: the process then prints an ``EOFError`` / ``BrokenPipeError``
+        traceback before Spark ends it. Between triggers the thread only sleeps, and an interrupt just wakes it. Spark starts processing-time
+        triggers at whole multiples of the interval on the wall clock (``ProcessingTimeExecutor``), so a stop
+        made well before the next one finds the thread asleep.
+        """
+        if self._trigger_s is None:
+            return
+        interval_ms = max(1, round(self._trigger_s * 1000))
+        margin_ms = min(100, interval_ms // 3)  # the stop's own round trip to the JVM takes a few ms
+        while time.monotonic() < deadline and self.query.isActive:
+            status = self.query.status
+            to_next_ms = interval_ms - time.time() * 1000 % interval_ms
+            if not status["isTriggerActive"] and status["message"].startswith("Waiting for") and to_next_ms > margin_ms:
+                return
+            time.sleep(0.01)
 
 
 def follow(
@@ -273,7 +296,7 @@ def follow(
     stream = stream.trigger(availableNow=True) if available_now else stream.trigger(processingTime=f"{trigger_s} seconds")
     query = stream.start()
     writer.query = query
-    return Follower(query, writer)
+    return Follower(query, writer, None if available_now else trigger_s)
 
 
 def _has_progress(checkpoint: Path) -> bool:

@@ -5,12 +5,13 @@ where it is.
 after the micro-batch in flight on SIGTERM or Ctrl-C (waiting ``--grace-s`` at
 most: a batch cut short is redone whole by the next run, exactly once). A NATS
 outage is waited out for ``JETSOURCING_OUTAGE_LIMIT_S`` (default: for ever), a
-line on stderr when it starts and when it ends. Exit status 0 when stopped or
-caught up (``--available-now``), 2 when the query fails, its last line the cause
-in one paragraph (a handler error under ``stop`` names the event; a NATS outage
-past the limit names the server), without Spark's stack traces
-(``--log-level DEBUG`` keeps them). ``status`` reads what the follower last
-wrote and asks the server for the stream's last position; it starts no Spark.
+line on stderr when it starts and when it ends. Exit status 0 when caught up
+(``--available-now``) or stopped by SIGTERM, its normal stop; 130 when stopped by
+Ctrl-C; 1 when the query fails, its last line the cause in one paragraph (a
+handler error under ``stop`` names the event; a NATS outage past the limit names
+the server), without Spark's stack traces (``--log-level DEBUG`` keeps them).
+``status`` reads what the follower last wrote and asks the server for the
+stream's last position; it starts no Spark.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 from py4j.protocol import Py4JError
 from pyspark.sql import SparkSession
 
+from eventstore.exit_codes import INTERRUPTED, SUCCESS, add_exit_codes
 from spark_projections.cli import (
     add_common_options,
     add_stream_options,
@@ -38,6 +40,7 @@ from spark_projections.cli import (
 )
 from spark_projections.errors import SparkProjectionError
 from spark_projections.follow import follow, follow_status, status_path
+from spark_projections.interrupt import ExitOnSignal
 from spark_projections.projection import last_position
 from spark_projections.settings import SparkSettings
 
@@ -50,6 +53,7 @@ def add_follow_commands(commands: Any) -> None:
         "follow", help="keep a projection's Delta tables up to date with a streaming query (until SIGTERM)",
         epilog="example: jetsourcing spark follow myapp.views:AccountBalances --root /lake/accounts --trigger-s 1",
     )
+    add_exit_codes(command, runs_until_stopped=True)
     add_common_options(command)
     defaults = SparkSettings.model_fields
     command.add_argument("--checkpoint", help="Spark checkpoint folder (default: <root>/_jetsourcing/checkpoints/"
@@ -67,25 +71,30 @@ def add_follow_commands(commands: Any) -> None:
         "status", help="where a followed projection is: its last micro-batch and the lag behind the stream",
         epilog="example: jetsourcing spark status myapp.views:AccountBalances --root /lake/accounts",
     )
+    add_exit_codes(status)
     add_stream_options(status)
     status.add_argument("--json", action="store_true", help="one JSON object instead of text")
 
 
-def run_follow(args: argparse.Namespace, spark: SparkSession | None = None) -> int:
+def run_follow(args: argparse.Namespace, spark: SparkSession | None = None,
+               signals: ExitOnSignal | None = None) -> int:
     """Run a parsed ``follow``: start the query, report each micro-batch, stop on SIGTERM/SIGINT after the batch in
-    flight. Uses ``spark`` as it is, or starts a session as ``rebuild`` does."""
+    flight (exit status 0 after SIGTERM, 130 after Ctrl-C). Uses ``spark`` as it is, or starts a session as
+    ``rebuild`` does."""
     stage = stage_printer()
     projection = load(args.projection)
     settings = event_store_settings(args)
     if spark is None:
-        spark, spark_settings = start_spark(args, settings, stage)
+        spark, spark_settings = start_spark(args, settings, stage, signals or ExitOnSignal(""))
         if not logging.getLogger().isEnabledFor(logging.DEBUG):
             _report_failures_once(spark)
     else:
         spark_settings = SparkSettings()
     stop = threading.Event()
+    received: list[int] = []
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
+        received.append(signum)
         stop.set()
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -105,7 +114,7 @@ def run_follow(args: argparse.Namespace, spark: SparkSession | None = None) -> i
             stage(f"stopping after the micro-batch in flight (at most {args.grace_s:g}s)")
             follower.stop(args.grace_s)
             stage("stopped")
-            return 0
+            return INTERRUPTED if received[0] == signal.SIGINT else SUCCESS
         failure = follower.failure
         if failure is not None:
             raise SparkProjectionError(f"the streaming query failed: {failure}")

@@ -10,8 +10,10 @@ explanation, not as ``JAVA_GATEWAY_EXITED``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import subprocess
 import sys
 import tempfile
 import threading
@@ -38,6 +40,7 @@ from spark_projections.jars import (
     session_jars,
     store_delta_jars,
 )
+from spark_projections.jars_lock import ivy_directory, resolution_lock
 from spark_projections.java import check_java
 from spark_projections.settings import SparkSettings
 from spark_projections.ship import SHIP_CODE_CONF
@@ -49,6 +52,7 @@ __all__ = [
     "SparkSettings",
     "build_conf",
     "ensure_delta",
+    "jvm_process",
     "spark_session",
 ]
 
@@ -170,6 +174,9 @@ def spark_session(settings: SparkSettings | None = None) -> SparkSession:
     jars cache (``delta_jars_cache``) when its folder for this Delta and Spark verifies, else
     through Maven, after which the resolved jars are stored in the cache for the next start
     (best effort: a cache that cannot be written is a warning in the log, never an error).
+    Processes that resolve through the same Ivy directory do it one at a time
+    (:func:`~spark_projections.jars_lock.resolution_lock`, a warning in the log while one
+    waits); one that waited takes the jars the other stored in the cache.
 
     Spark keeps one JVM per Python process: if one is already running (even after
     ``spark.stop()``), jars and static settings of the first start stay in force, and the
@@ -177,33 +184,77 @@ def spark_session(settings: SparkSettings | None = None) -> SparkSession:
     """
     settings = SparkSettings() if settings is None else settings
     local_jars: list[Path] = []
-    if SparkContext._gateway is None:
-        conf = build_conf(settings)
-        local_jars = check_listed_jars(conf.get("spark.jars", ""))
-        check_java()
-        # Some Python workers (the data source planner's) are started by the JVM from
-        # PYSPARK_PYTHON as it was at launch; without it they run python3 from PATH.
-        os.environ.setdefault("PYSPARK_PYTHON", conf["spark.pyspark.python"])
-        spark = _start_jvm_and_session(conf, coordinate=conf.get("spark.jars.packages"), log=settings.startup_log)
-        resolved_by_maven = "spark.jars.packages" in conf
-    else:
-        # A JVM already runs in this process: nothing to launch, the builder reuses it
-        # (and any active SparkContext). ensure_delta() below catches a Delta-less one.
-        conf = _conf(settings, {})
-        builder = SparkSession.builder
-        for key, value in conf.items():
-            builder = builder.config(key, value)
-        spark = builder.getOrCreate()
-        resolved_by_maven = False
-    spark.sparkContext.setLogLevel(settings.log_level)
-    _use_python_workers(spark, conf["spark.pyspark.python"])
-    ensure_delta(spark)
-    check_executor_jars(spark, [str(jar) for jar in local_jars])
-    register(spark)
-    cache = _cache_folder(settings)
-    if resolved_by_maven and cache is not None:
-        _fill_cache(spark, cache, conf["spark.jars.packages"])
+    with contextlib.ExitStack() as resolving:
+        if SparkContext._gateway is None:
+            conf = build_conf(settings)
+            held: tuple[int, ...] = ()
+            if "spark.jars.packages" in conf:
+                # Through Ivy: one process at a time, and the cache the one before filled spares the download.
+                lock = resolving.enter_context(resolution_lock(ivy_directory(conf)))
+                conf = build_conf(settings)
+                held = (lock.fd,) if "spark.jars.packages" in conf else ()
+            local_jars = check_listed_jars(conf.get("spark.jars", ""))
+            check_java()
+            # Some Python workers (the data source planner's) are started by the JVM from
+            # PYSPARK_PYTHON as it was at launch; without it they run python3 from PATH.
+            os.environ.setdefault("PYSPARK_PYTHON", conf["spark.pyspark.python"])
+            spark = _start_jvm_and_session(
+                conf, coordinate=conf.get("spark.jars.packages"), log=settings.startup_log, held_fds=held
+            )
+            resolved_by_maven = "spark.jars.packages" in conf
+        else:
+            # A JVM already runs in this process: nothing to launch, the builder reuses it
+            # (and any active SparkContext). ensure_delta() below catches a Delta-less one.
+            conf = _conf(settings, {})
+            builder = SparkSession.builder
+            for key, value in conf.items():
+                builder = builder.config(key, value)
+            spark = builder.getOrCreate()
+            resolved_by_maven = False
+        spark.sparkContext.setLogLevel(settings.log_level)
+        _quiet_loggers(spark)
+        _use_python_workers(spark, conf["spark.pyspark.python"])
+        ensure_delta(spark)
+        check_executor_jars(spark, [str(jar) for jar in local_jars])
+        register(spark)
+        cache = _cache_folder(settings)
+        if resolved_by_maven and cache is not None:
+            _fill_cache(spark, cache, conf["spark.jars.packages"])
     return spark
+
+
+def jvm_process() -> subprocess.Popen[bytes] | None:
+    """The JVM :func:`spark_session` launched in this process, while it runs; None when it launched none (a session
+    made otherwise, or none yet) or it has exited. The ``jetsourcing spark`` commands stop it on Ctrl-C."""
+    return _launched if _launched is not None and _launched.poll() is None else None
+
+
+_launched: subprocess.Popen[bytes] | None = None
+
+# Loggers of messages that tell a user of jetsourcing nothing to act on, and the level they start at.
+_QUIET_JVM_LOGGERS = {
+    # "Truncated the string representation of a plan since it was too large": once per JVM, about the debug
+    # text of plans of more than spark.sql.debug.maxToStringFields columns (Delta's own log queries have more).
+    # Raising that limit instead would make Spark build longer plan texts for every query.
+    "org.apache.spark.util.SparkStringUtils": "ERROR",
+}
+
+
+def _quiet_loggers(spark: SparkSession) -> None:
+    """Keep the JVM's and py4j's routine messages off the terminal; their warnings and errors stay."""
+    # py4j logs each connection it closes at INFO ("Closing down clientserver connection", at every exit);
+    # a level set on purpose is kept, and so are DEBUG runs.
+    py4j = logging.getLogger("py4j")
+    if py4j.level == logging.NOTSET and not py4j.isEnabledFor(logging.DEBUG):
+        py4j.setLevel(logging.WARNING)
+    try:
+        jvm: Any = spark.sparkContext._jvm
+        for name, level in _QUIET_JVM_LOGGERS.items():
+            jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(
+                name, jvm.org.apache.logging.log4j.Level.toLevel(level)
+            )
+    except Py4JError:  # another logging backend than Spark's log4j 2: its messages stay
+        pass
 
 
 def _fill_cache(spark: SparkSession, folder: Path, coordinate: str) -> None:
@@ -269,7 +320,9 @@ def ensure_delta(spark: SparkSession) -> None:
         )
 
 
-def _start_jvm_and_session(conf: dict[str, str], *, coordinate: str | None, log: Path | None) -> SparkSession:
+def _start_jvm_and_session(
+    conf: dict[str, str], *, coordinate: str | None, log: Path | None, held_fds: tuple[int, ...] = ()
+) -> SparkSession:
     """Launch the JVM ourselves so its stderr can be captured, then build the session.
 
     PySpark lets the JVM inherit stderr, so when it dies during start-up the only thing
@@ -277,7 +330,9 @@ def _start_jvm_and_session(conf: dict[str, str], *, coordinate: str | None, log:
     start-up output (Ivy's resolution report is long) to ``log`` and keeps its tail, which
     :func:`~spark_projections.jars.diagnose_launch_failure` reads on failure; once the
     session is up, it forwards what follows to our stderr (Spark's warnings appear as usual).
+    ``held_fds`` are handed to the JVM (the jars resolution lock, which it then holds while it lives).
     """
+    global _launched
     spark_conf = SparkConf(loadDefaults=False)
     spark_conf.setAll(list(conf.items()))
     try:
@@ -303,8 +358,9 @@ def _start_jvm_and_session(conf: dict[str, str], *, coordinate: str | None, log:
         # launch_gateway is unannotated upstream; its `popen_kwargs` is the documented hook
         # for "capturing stdout/stderr".
         gateway = launch_gateway(  # type: ignore[no-untyped-call]
-            spark_conf, popen_kwargs={"stderr": tee.write_fd}
+            spark_conf, popen_kwargs={"stderr": tee.write_fd, "pass_fds": held_fds}
         )
+        _launched = gateway.proc  # "a reference to the Popen object for use by the caller", says PySpark
     except PySparkRuntimeError as exc:
         tee.close_write_end()
         tee.wait_for_eof(timeout=10.0)

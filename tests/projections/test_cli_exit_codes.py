@@ -66,6 +66,27 @@ def test_spark_without_a_server_says_so_in_the_users_terms(psettings: Projection
     done = subprocess.run(cli("spark", "rebuild", "projection_examples:Movements", "--root", str(tmp_path / "delta")),
                           env=env, capture_output=True, text=True, timeout=120)
     lines = done.stderr.strip().splitlines()
-    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert done.returncode == 1 and len(lines) == 1, done.stderr  # a failure it explains, as `events tail`'s
     assert lines[0].startswith("jetsourcing: No NATS server is set") and "NATS_URL" in lines[0], lines
     assert "stream_bounds" not in lines[0] and "settings.nats_url needs" not in lines[0]
+
+
+# Every command and sub-command, and whether its work is to run until stopped (then SIGTERM is its normal stop).
+HELP = [((), False), (("run",), True), (("rebuild",), False), (("status",), False), (("dead-letters",), False),
+        (("serve",), True), (("server",), True), (("events",), False), (("events", "tail"), False),
+        (("entity",), False), (("entity", "show"), False), (("spark",), False), (("spark", "check"), False),
+        (("spark", "fetch-delta-jars"), False), (("spark", "rebuild"), False), (("spark", "update"), False),
+        (("spark", "follow"), True), (("spark", "status"), False)]
+
+
+@pytest.mark.parametrize(("command", "runs_until_stopped"), HELP, ids=[" ".join(c) or "jetsourcing" for c, _ in HELP])
+def test_every_commands_help_states_the_exit_code_table(command: tuple[str, ...], runs_until_stopped: bool) -> None:
+    done = subprocess.run(cli(*command, "--help"), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "\nexit codes:\n" in done.stdout, done.stdout
+    table = " ".join(done.stdout.split("\nexit codes:\n", 1)[1].split("\n\n", 1)[0].split())
+    for entry in ("0 success", "1 failure (the last line on stderr says what is wrong and what to do)",
+                  "2 usage error (arguments, settings, import paths)", "130 interrupted by Ctrl-C"):
+        assert entry in table, table
+    sigterm = "0 also after SIGTERM, its normal stop" if runs_until_stopped else "143 stopped by SIGTERM"
+    assert sigterm in table, table

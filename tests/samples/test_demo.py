@@ -56,6 +56,10 @@ def test_the_demo_runs_end_to_end(tmp_path: Path) -> None:
     assert "WRITE" in history and "MERGE" in history, history
     assert (tmp_path / "demo" / "bank.sqlite3").is_file(), "--workdir keeps the outputs"
     assert (tmp_path / "demo" / "delta" / "balances" / "_delta_log").is_dir()
+    # A successful demo ends without a traceback (the streaming source's Python process printed one when the
+    # follower stopped it mid-call), nor Spark's and py4j's routine messages.
+    for noise in ("Traceback", "EOFError", "Truncated the string representation", "Closing down clientserver"):
+        assert noise not in done.stderr, done.stderr[-5000:]
 
 
 def test_the_last_word_never_claims_success_after_a_failed_check(

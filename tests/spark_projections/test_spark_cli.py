@@ -107,7 +107,7 @@ async def test_a_cli_update_starts_from_the_jars_cache_quietly_with_the_options(
     spark: SparkSession, store: EventStore, tmp_path: Path, run_python: Any
 ) -> None:
     """The real command in a fresh process, its Ivy unable to reach any repository: the session starts from the
-    cache, the options beat the environment, and stderr holds no start-up report."""
+    cache, the options beat the environment, and stderr holds no start-up report nor routine messages."""
     register_all(store)
     await append_workload(store, workload(40, 4, seed=5))
     cache = tmp_path / "cache"
@@ -141,4 +141,8 @@ async def test_a_cli_update_starts_from_the_jars_cache_quietly_with_the_options(
     for ivy in (":: resolving dependencies", "resolution report", "retrieving ::"):
         assert ivy not in result.stdout and ivy not in result.stderr and ivy not in startup
     assert "replaced a previously registered data source" not in result.stderr  # registered once
+    # Routine messages of Spark and py4j stay off the terminal: the plan-text hint, py4j's connection closing.
+    for noise in ("Truncated the string representation of a plan", "Closing down clientserver connection",
+                  "Traceback"):
+        assert noise not in result.stderr, result.stderr[-3000:]
     assert cached_delta_jars(jars_cache_folder(cache, DELTA_MAVEN_VERSION), delta_coordinate(DELTA_MAVEN_VERSION))

@@ -195,6 +195,76 @@ def test_cli_reports_errors_without_a_traceback(tmp_path: Path, run_python: Any)
         "import sys\nfrom spark_projections.cli import main\nsys.exit(main(['check']))\n",
         env={"JETSOURCING_SPARK_DELTA_JARS_DIR": str(tmp_path / "missing")},
     )
-    assert result.returncode == 2
+    assert result.returncode == 1  # a failure it explains; 2 is for usage errors
     assert result.stderr.startswith("jetsourcing: The offline Delta jars folder"), result.stderr[-3000:]
     assert "Traceback" not in result.stderr
+
+
+def test_two_processes_starting_together_on_an_empty_cache_resolve_once_and_both_start(tmp_path: Path) -> None:
+    # Two `jetsourcing spark check` at the same time, each a fresh JVM, on an empty Ivy directory and jars cache:
+    # they really download (from Maven Central). Ivy does not lock its cache: together, one once read the other's
+    # half-written jar ("Downloaded file size (0) doesn't match expected Content Length") and did not start.
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK_GATEWAY", "JETSOURCING_"))}
+    env.update({
+        "PYTHONPATH": str(root),
+        "JETSOURCING_SPARK_MASTER": "local[1]",
+        "JETSOURCING_SPARK_DELTA_JARS_CACHE": str(tmp_path / "cache"),
+        "JETSOURCING_SPARK_EXTRA_CONF": json.dumps({**TEST_PROFILE_CONF, "spark.jars.ivy": str(tmp_path / "ivy")}),
+    })
+    processes = [
+        subprocess.Popen([sys.executable, "-m", "projections.cli", "spark", "check"], cwd=root, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    try:
+        results = [(p.communicate(timeout=900), p.returncode) for p in processes]
+    finally:
+        for p in processes:
+            if p.poll() is None:
+                p.kill()
+    for (out, err), code in results:
+        assert code == 0 and "delta round trip (write a table, read it back): ok" in out, out + err[-3000:]
+    outs = sorted(out for (out, _), _ in results)
+    through_ivy = [out for out in outs if "(Maven, through Ivy)" in out]
+    from_cache = [out for out in outs if "(from the jars cache: " in out]
+    assert len(through_ivy) == 1 and len(from_cache) == 1, outs  # the second waited, then took what the first stored
+    waited = [err for (_, err), _ in results if f"is resolving jars in {tmp_path / 'ivy'}" in err]
+    assert len(waited) == 1, [err[-2000:] for (_, err), _ in results]
+
+
+def test_the_demo_states_the_size_of_what_a_first_start_downloads(spark: SparkSession) -> None:
+    from samples.spark_demo import DELTA_JARS_MB
+    from spark_projections.jars import session_jars
+
+    downloaded_mb = sum(jar.stat().st_size for jar in session_jars(spark)) / 1e6
+    assert abs(downloaded_mb - DELTA_JARS_MB) <= 0.1 * downloaded_mb, f"the jars are {downloaded_mb:.0f} MB"
+
+
+def test_a_resolution_waits_for_the_one_under_way_and_gives_up_at_its_deadline(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import fcntl
+    import os
+
+    from spark_projections.jars_lock import LOCK_FILE, resolution_lock
+
+    with resolution_lock(tmp_path / "ivy") as first:
+        assert first.waited_s < 1
+        other = os.open(tmp_path / "ivy" / LOCK_FILE, os.O_RDWR)  # another open file: as another process's
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            with pytest.raises(DeltaJarsUnavailableError) as refused, resolution_lock(tmp_path / "ivy", timeout_s=0.5):
+                pass
+        finally:
+            os.close(other)
+    assert refused.value.problem == "resolution_busy"
+    assert f"(pid {os.getpid()}) has been resolving jars in {tmp_path / 'ivy'}" in str(refused.value)
+    assert f"Another process (pid {os.getpid()}) is resolving jars in {tmp_path / 'ivy'}" in caplog.text
+    with resolution_lock(tmp_path / "ivy", timeout_s=0.5) as again:  # released by the first holder
+        assert again.waited_s < 0.5
