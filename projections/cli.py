@@ -97,11 +97,15 @@ def _parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser(
         "run", parents=[common], help="catch up, then keep the read models up to date",
+        description="The projection daemon: apply each projection's events to its read model (SQLite, or PostgreSQL "
+        "with JETSOURCING_DATABASE), catching up from its checkpoint, then following the stream live, each batch "
+        "applied exactly once. Runs until SIGTERM or Ctrl-C; a second daemon waits and takes over if this one dies.",
         epilog="examples: jetsourcing run myapp.views:Balances myapp.views:Orders --db views.sqlite3 | "
         "jetsourcing run myapp.views:Balances --until-caught-up --log-format json --metrics-port 9100",
     )
     add_exit_codes(run, runs_until_stopped=True)
-    run.add_argument("projections", nargs="+", metavar="module:Class")
+    run.add_argument("projections", nargs="+", metavar="module:Class",
+                     help="the projections to run, as import paths from the current directory, e.g. myapp.views:Balances")
     run.add_argument("--until-caught-up", action="store_true",
                      help="burst mode: catch up to the stream's last position at start, then exit")
     run.add_argument("--error-policy", choices=[p.value for p in ErrorPolicy],
@@ -110,10 +114,14 @@ def _parser() -> argparse.ArgumentParser:
 
     reb = commands.add_parser(
         "rebuild", parents=[common], help="replay into a shadow copy and switch readers to it",
+        description="Replay the whole stream from its first event into a new copy of the projection's tables while "
+        "the current one stays readable, then switch the readers to it in one transaction. An interrupted "
+        "rebuild leaves the old model live and keeps what it built for --resume.",
         epilog="examples: jetsourcing rebuild myapp.views:Balances | jetsourcing rebuild myapp.views:Balances --resume",
     )
     add_exit_codes(reb)
-    reb.add_argument("projection", metavar="module:Class")
+    reb.add_argument("projection", metavar="module:Class",
+                     help="the projection to rebuild, as an import path from the current directory")
     reb.add_argument("--batch-size", type=int, help="events per batch (JETSOURCING_REBUILD_BATCH_SIZE)")
     reb.add_argument("--error-policy", choices=[p.value for p in ErrorPolicy])
     reb.add_argument("--resume", action="store_true",
@@ -121,6 +129,8 @@ def _parser() -> argparse.ArgumentParser:
 
     status = commands.add_parser(
         "status", parents=[common], help="checkpoints, lag and state of every projection, and the reactors",
+        description="What every projection's read model has reached (checkpoint, lag behind the stream, state), "
+        "and every reactor's consumer (pending, redeliveries, dead letters). Needs no domain code.",
         epilog="examples: jetsourcing status | jetsourcing status --json | jetsourcing status --watch 1",
     )
     dead = commands.add_parser(
