@@ -1,0 +1,367 @@
+"""DCB on JetStream: tagged events in one commit, an index message per tag, conditions checked by the server.
+
+An append of tagged events is one JetStream atomic batch (see docs/concepts/dcb.md for the design and its costs):
+
+1. the **commit**: the events, on ``<prefix>.Dcb.<append id>`` in the wire format of every commit (so
+   ``read_all``, projections and Spark read DCB events as events of the entity ``Dcb/<append id>``), with
+   ``Es-Tags``; it carries ``Nats-Expected-Last-Subject-Sequence: 0`` on its own subject, so an append id is
+   stored once, however late a resend comes (the append id derives from the idempotency key);
+2. an empty **index message** on ``<prefix>_tags.<tag>`` per distinct tag of the append's events, stored right
+   after the commit (``Es-Commit-Offset`` says how far): outside ``<prefix>.>``, so no reader of events sees it;
+3. the **checks** of the condition: for each checked tag (one per query item, :func:`~.dcb.check_tags`) a
+   ``Nats-Expected-Last-Subject-Sequence`` of that tag's subject, with
+   ``Nats-Expected-Last-Subject-Sequence-Subject`` when it rides on another message: on the tag's own index
+   message when the append writes it (the server refuses a check of a subject the batch wrote before it), else on
+   an index message without a check of its own, else on an empty carrier message. The expected value is the
+   subject's last sequence at or before ``after``; the server compares it in the batch's commit, under the
+   stream's lock, with every write to the subject since.
+
+Only literal subjects are checked: a clustered stream's leader guards writes in flight per literal subject, so a
+wildcard filter could pass while an overlapping write is proposed but not yet applied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import uuid
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from nats.aio.msg import Msg
+from nats.js.errors import NotFoundError
+
+from .append import EntityAppend, LeaderWait, _Conflict, build_commit, check_commit_size
+from .dcb import (
+    DCB_CATEGORY,
+    AppendCondition,
+    Query,
+    QueryResult,
+    SequencedEvent,
+    TaggedEvent,
+    batch_messages,
+    check_dcb_append,
+    check_dcb_read,
+    check_tags,
+    dcb_stream_id,
+    decode_tags,
+    encode_tags,
+)
+from .errors import (
+    AppendConditionError,
+    EventDecodeError,
+    InvalidEventError,
+    ServerUnavailableError,
+    StreamConfigError,
+    map_nats_error,
+)
+from .events import NO_STREAM, AppendResult
+from .jetstream.api import ErrorCode, Subjects
+from .streams import StreamId, encode_entity_id
+from .wire import Header, decode_commit, escape_key, msg_id, note_of, utc_now_text
+
+if TYPE_CHECKING:
+    from .store import EventStore
+
+__all__ = ["JetStreamDcb", "index_subject"]
+
+_GET_CHUNK = 256  # commits fetched per pipelined round of direct gets
+
+
+def index_subject(prefix: str, tag: str) -> str:
+    """The subject of ``tag``'s index messages under the subject prefix ``prefix``."""
+    return f"{prefix}_tags.{encode_entity_id(tag)}"
+
+
+def _carrier_subject(prefix: str) -> str:
+    # Two tokens below <prefix>_tags: no tag's subject (one token) is ever this one.
+    return f"{prefix}_tags._.check"
+
+
+class JetStreamDcb:
+    """Reads by :class:`~.dcb.Query` and conditional appends of :class:`~.dcb.TaggedEvent`, on an
+    :class:`~eventstore.EventStore`'s stream (``store.dcb``); see the module docs for the layout.
+
+    The stream must also store ``<prefix>_tags.>``: :meth:`ensure_index` adds it. Example::
+
+        result = await store.dcb.read(Query.of(types=["StudentSubscribed"], tags=["course:c1"]))
+        await store.dcb.append([TaggedEvent(StudentSubscribed(...), {"course:c1", "student:s1"})],
+                               condition=AppendCondition(query, after=result.position))
+    """
+
+    def __init__(self, store: "EventStore", cache_size: int = 100_000) -> None:
+        self._store = store
+        self._prefix = store.settings.subject_prefix
+        self._ready = False
+        # subject -> (last sequence E, through P): the subject's last sequence is E at every position in [E, P].
+        self._known: OrderedDict[str, tuple[int, int]] = OrderedDict()
+        self._cache_size = cache_size
+
+    # -- the stream -----------------------------------------------------------
+
+    async def ensure_index(self) -> None:
+        """Add ``<prefix>_tags.>`` (the index subjects) to the stream's subjects if it lacks them.
+
+        The one change jetsourcing makes to an existing stream, and only when asked: DCB appends need it.
+        """
+        store = self._store
+        config = await store._stream_config_json()
+        if config is None:
+            raise StreamConfigError(f"Stream {store.settings.stream!r} does not exist; connect the EventStore first.")
+        subject = f"{self._prefix}_tags.>"
+        if subject not in (config.get("subjects") or []):
+            config["subjects"] = [*config.get("subjects", []), subject]
+            answer = await store._inbox.api(
+                Subjects(store.settings.stream).stream_update(), json.dumps(config).encode(),
+                store.settings.request_timeout_s, what=f"Adding {subject} to stream {store.settings.stream!r}",
+            )
+            error = answer.get("error")
+            if error is not None:
+                raise StreamConfigError(
+                    f"Could not add {subject} to stream {store.settings.stream!r}: {error.get('description')} "
+                    f"(err_code {error.get('err_code')}). Add it with the nats CLI (nats stream edit)."
+                )
+        self._ready = True
+
+    async def _check_ready(self) -> None:
+        if self._ready:
+            return
+        config = await self._store._stream_config_json()
+        if config is None or f"{self._prefix}_tags.>" not in (config.get("subjects") or []):
+            raise StreamConfigError(
+                f"Stream {self._store.settings.stream!r} does not store the DCB index subjects {self._prefix}_tags.>: "
+                "call await store.dcb.ensure_index() once (it adds them), or add them with the nats CLI."
+            )
+        self._ready = True
+
+    def _learn(self, subject: str, last: int, through: int) -> None:
+        known = self._known.get(subject)
+        if known is not None and known[1] >= through:
+            return
+        self._known[subject] = (last, through)
+        self._known.move_to_end(subject)
+        if len(self._known) > self._cache_size:
+            self._known.popitem(last=False)
+
+    async def _leader_last(self, subject: str, what: str) -> int:
+        """The last sequence on ``subject`` as the stream's leader knows it (a message get), 0 when none."""
+        store = self._store
+        timeout_s = store.settings.request_timeout_s
+        try:
+            with map_nats_error(what, timeout_s, closed=lambda: store._inbox.closed):
+                return int((await store.nc.jetstream(timeout=timeout_s).get_last_msg(store.settings.stream, subject)).seq or 0)
+        except NotFoundError:
+            return 0
+
+    # -- reading --------------------------------------------------------------
+
+    async def read(self, query: Query, *, after: int = 0, limit: int | None = None) -> QueryResult:
+        """The DCB events matching ``query`` stored after ``after``, in stream order, at most ``limit``; and the
+        position read up to (see :class:`~.dcb.QueryResult`).
+
+        Cost: per query item, the index of one of its tags (all DCB commits for an item without tags), then
+        each candidate commit by a pipelined direct get. Complete up to the position even on a cluster whose
+        replicas lag: each index is read up to its last sequence as the leader knows it.
+        """
+        check_dcb_read(query, after, limit)
+        await self._check_ready()
+        what = "Reading a DCB query"
+        head = await self._store.last_position()
+        subjects: dict[str, bool] = {}  # subject to read -> whether it is an index (else: the commits themselves)
+        for item in query.items:
+            if item.tags:
+                subjects[index_subject(self._prefix, min(item.tags))] = True
+            else:
+                subjects[f"{self._prefix}.{DCB_CATEGORY}.*"] = False
+        candidates: set[int] = set()
+        lasts = await asyncio.gather(*(self._leader_last(s, what) for s in subjects))
+        for (subject, is_index), last in zip(subjects.items(), lasts):
+            seen = await self._read_index(subject, is_index, after, min(last, head), candidates)
+            if is_index and after == 0:
+                self._learn(subject, seen, head)
+        events: list[SequencedEvent] = []
+        ordered = sorted(p for p in candidates if after < p <= head)
+        for start in range(0, len(ordered), _GET_CHUNK):
+            for position, msg in zip(ordered[start:start + _GET_CHUNK], await self._get(ordered[start:start + _GET_CHUNK])):
+                for event in self._decode(position, msg):
+                    if query.matches(event.type, event.tags):
+                        events.append(event)
+            if limit is not None and len(events) >= limit:
+                events = events[:limit]
+                return QueryResult(events, events[-1].position)
+        return QueryResult(events, head)
+
+    async def _read_index(self, subject: str, is_index: bool, after: int, until: int, out: set[int]) -> int:
+        """Add the commit positions of ``subject``'s messages after ``after`` to ``out``, from a replica that holds
+        the stream at least up to ``until`` (retried while the one that answers lags behind it: a replica's
+        messages are a prefix of the stream); the last sequence on ``subject`` up to ``until`` (0 when none)."""
+        wait = LeaderWait(self._store.settings.request_timeout_s)
+        while True:
+            seen = reached = 0
+            async for page in self._store._appender.subject_pages(subject, after + 1, what="Reading a DCB index"):
+                for msg in page:
+                    headers = msg.headers or {}
+                    reached = int(headers[Header.SEQUENCE])
+                    if reached <= until:
+                        seen = reached
+                    out.add(reached - (int(headers.get(Header.COMMIT_OFFSET, "0")) if is_index else 0))
+            if until <= after or reached >= until:
+                return seen
+            if not await wait.again():
+                raise ServerUnavailableError(
+                    f"Reading a DCB index: the replicas answering did not reach position {until} within "
+                    f"{self._store.settings.request_timeout_s}s (they lag the stream's leader). Nothing was returned; retry."
+                )
+
+    async def _get(self, positions: list[int]) -> list[Msg]:
+        wait = LeaderWait(self._store.settings.request_timeout_s)
+        while True:
+            msgs = await self._store._appender.get_each(positions, what="Reading DCB events")
+            if all(m is not None for m in msgs):
+                return [m for m in msgs if m is not None]
+            if not await wait.again():
+                raise ServerUnavailableError(
+                    "Reading DCB events: a commit the index names was not found within "
+                    f"{self._store.settings.request_timeout_s}s (a replica lags, or it was deleted). Retry."
+                )
+
+    def _decode(self, position: int, msg: Msg) -> list[SequencedEvent]:
+        headers = msg.headers or {}
+        stream_id = StreamId.from_subject(headers[Header.SUBJECT], self._prefix)
+        recorded = decode_commit(stream_id, position, headers, msg.data, self._store.registry)
+        try:
+            tags = decode_tags(headers.get(Header.TAGS), len(recorded))
+        except ValueError as exc:
+            raise EventDecodeError(f"Malformed DCB commit at position {position}: {exc}.") from None
+        return [SequencedEvent(position, e.index, t, e) for e, t in zip(recorded, tags)]
+
+    # -- appending ------------------------------------------------------------
+
+    async def append(
+        self,
+        events: Sequence[TaggedEvent],
+        *,
+        condition: AppendCondition | None = None,
+        idempotency_key: str | None = None,
+        correlation_id: str | None = None,
+        causation_id: str | None = None,
+        note: str | None = None,
+    ) -> AppendResult:
+        """Append ``events`` atomically if ``condition`` holds, checked by the server in the same commit.
+
+        Raises :class:`AppendConditionError` naming the first conflicting position when it does not. With an
+        ``idempotency_key`` a retry (also after a lost acknowledgement, at any later time) stores nothing and
+        returns the first write's result with ``duplicate=True``. Other errors as :meth:`EventStore.append`.
+        """
+        key, correlation, causation = check_dcb_append(events, condition, idempotency_key, correlation_id,
+                                                       causation_id, note)
+        await self._check_ready()
+        append_id = escape_key(key) if key is not None else secrets.token_hex(16)
+        stream_id = dcb_stream_id(key, append_id)
+        commit = build_commit(self._store.registry, self._prefix, EntityAppend(stream_id, [e.event for e in events], NO_STREAM),
+                              msg_id(append_id, 0), key, note)
+        commit.previous = (0,)
+        headers, body = commit.encode(utc_now_text(), correlation, causation)
+        headers[Header.TAGS] = encode_tags([e.tags for e in events])
+        messages = [(commit.subject, headers, body)]
+        written = sorted({index_subject(self._prefix, t) for e in events for t in e.tags})
+        for i, subject in enumerate(written, start=1):
+            messages.append((subject, {Header.MSG_ID: msg_id(append_id, i), Header.COMMIT_OFFSET: str(i)}, b""))
+        checked = [] if condition is None else check_tags(condition.query)
+        batch_messages(events, checked)
+        subjects = [index_subject(self._prefix, t) for t in checked]
+        expected = await self._expected(subjects, condition.after if condition else 0, checked)
+        free = [m for m in messages[1:] if m[0] not in expected]
+        for subject, value in expected.items():
+            if subject in written:
+                messages[1 + written.index(subject)][1][Header.EXPECTED_LAST_SUBJECT_SEQUENCE] = str(value)
+                continue
+            if not free:
+                free.append((_carrier_subject(self._prefix), {Header.MSG_ID: msg_id(append_id, len(messages))}, b""))
+                messages.append(free[-1])
+            carrier = free.pop(0)[1]
+            carrier[Header.EXPECTED_LAST_SUBJECT_SEQUENCE] = str(value)
+            carrier[Header.EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT] = subject
+
+        def check_size(sent: list[tuple[str, dict[str, str], bytes]]) -> None:
+            check_commit_size(commit, sent[0][1], sent[0][2], self._store.nc.max_payload)
+
+        async def stored() -> bool:
+            return await self._stored(stream_id) is not None
+
+        try:
+            ack = await self._store._appender.send(
+                messages, target=str(stream_id), others=f"{len(messages) - 1} index messages",
+                check_size=check_size, stored=stored,
+            )
+        except _Conflict as conflict:
+            found = await self._stored(stream_id)
+            if found is not None:
+                return found
+            if conflict.duplicate_id:
+                raise InvalidEventError(
+                    f"The idempotency key {key!r:.60} was already used by another append; nothing was stored. "
+                    "Use one key per append."
+                ) from None
+            raise await self._conflict(subjects, condition.after if condition else 0, checked, conflict.actual) from None
+        last = int(ack["seq"])
+        position = last - len(messages) + 1
+        if ack.get("duplicate"):
+            found = await self._stored(stream_id)
+            assert found is not None
+            return found
+        for i, (subject, _, _) in enumerate(messages[1:], start=1):
+            self._learn(subject, position + i, last)
+        for subject, value in expected.items():
+            self._learn(subject, value, last)
+        return AppendResult(stream_id, position, 1, len(events), False, None)
+
+    async def _expected(self, subjects: list[str], after: int, tags: list[str]) -> dict[str, int]:
+        """Each checked subject's last sequence at or before ``after``: remembered, else asked of the leader;
+        :class:`AppendConditionError` at once when the leader already holds one after ``after``."""
+        expected: dict[str, int] = {}
+        missing: list[str] = []
+        for subject in subjects:
+            known = self._known.get(subject)
+            if after == 0:
+                expected[subject] = 0
+            elif known is not None and known[0] <= after <= known[1]:
+                expected[subject] = known[0]
+            else:
+                missing.append(subject)
+        lasts = await asyncio.gather(*(self._leader_last(s, "Checking a DCB append condition") for s in missing))
+        for subject, last in zip(missing, lasts):
+            if last > after:
+                raise await self._conflict(subjects, after, tags, None)
+            expected[subject] = last
+            self._learn(subject, last, after)
+        return expected
+
+    async def _conflict(self, subjects: list[str], after: int, tags: list[str], actual: int | None) -> AppendConditionError:
+        """The error naming the first commit after ``after`` holding a checked tag."""
+        firsts = []
+        for subject in subjects:
+            msgs = await self._store._appender.direct_get(
+                {"seq": after + 1, "next_by_subj": subject, "batch": 1}, what="Finding a DCB conflict"
+            )
+            if msgs:
+                headers = msgs[0].headers or {}
+                firsts.append(int(headers[Header.SEQUENCE]) - int(headers.get(Header.COMMIT_OFFSET, "0")))
+        return AppendConditionError(after, min(firsts) if firsts else actual, tags)
+
+    async def _stored(self, stream_id: StreamId) -> AppendResult | None:
+        """What an earlier send of the append with this commit subject stored, if any (``duplicate=True``)."""
+        # Asked of the leader: a replica may not hold the commit yet, and a stored commit is never a conflict.
+        store = self._store
+        timeout_s = store.settings.request_timeout_s
+        try:
+            with map_nats_error(f"Checking the DCB append {stream_id}", timeout_s, closed=lambda: store._inbox.closed):
+                msg = await store.nc.jetstream(timeout=timeout_s).get_last_msg(
+                    store.settings.stream, stream_id.subject(self._prefix))
+        except NotFoundError:
+            return None
+        headers = msg.headers or {}
+        count = headers[Header.TYPE].count(",") + 1
+        return AppendResult(stream_id, int(msg.seq or 0), 1, count, True, note_of(headers))
