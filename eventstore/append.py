@@ -319,19 +319,11 @@ def check_commit_size(commit: _Commit, headers: dict[str, str], body: bytes, lim
 
 
 class _Conflict(Exception):
-    """The server rejected the append: its concurrency check (``actual``: the last sequence it found on the
-    subject it checked, when it said), or (``duplicate_id``) a batch's known msg id."""
+    """The server rejected the append: its concurrency check, or (``duplicate_id``) a batch's known msg id."""
 
-    def __init__(self, duplicate_id: bool = False, actual: int | None = None) -> None:
+    def __init__(self, duplicate_id: bool = False) -> None:
         super().__init__()
         self.duplicate_id = duplicate_id
-        self.actual = actual
-
-
-def _named_sequence(description: object) -> int | None:
-    """The sequence nats-server names in a failed check's description (``"wrong last sequence: 42"``), or None."""
-    _, colon, number = str(description).rpartition(":")
-    return int(number) if colon and number.strip().isdigit() else None
 
 
 _STORAGE_FAILED: Final = (
@@ -730,8 +722,8 @@ class Appender:
         ``target`` names what is appended to ("Account/42"), ``others`` what else the batch holds ("2 other
         entities"), both for the errors; ``check_size`` refuses messages too large before the first send;
         ``stored()`` says whether the append is stored (asked to tell a failed disk from a lost server).
-        A failed concurrency check raises ``_Conflict`` (with the actual sequence the server named), a msg id the
-        server already stored in a batch ``_Conflict(duplicate_id=True)``; other refusals raise typed errors.
+        A failed concurrency check raises ``_Conflict``, a msg id the server already stored in a batch
+        ``_Conflict(duplicate_id=True)``; other refusals raise typed errors.
         """
         attempts = self._settings.append_retries + 1
         wait = LeaderWait(self._settings.request_timeout_s)
@@ -901,7 +893,7 @@ class Appender:
             return ack
         code = error.get("err_code")
         if code == ErrorCode.WRONG_LAST_SEQUENCE:
-            raise _Conflict(actual=_named_sequence(error.get("description")))
+            raise _Conflict
         if code in _NOT_NOW:
             raise _NotNow(_NOT_NOW[code])
         if code == ErrorCode.BATCH_DUPLICATE_MSG_ID:

@@ -305,7 +305,7 @@ class JetStreamDcb:
                     f"The idempotency key {key!r:.60} was already used by another append; nothing was stored. "
                     "Use one key per append."
                 ) from None
-            raise await self._conflict(subjects, condition.after if condition else 0, checked, conflict.actual) from None
+            raise await self._conflict(subjects, condition.after if condition else 0, checked) from None
         last = int(ack["seq"])
         position = last - len(messages) + 1
         if ack.get("duplicate"):
@@ -334,13 +334,14 @@ class JetStreamDcb:
         lasts = await asyncio.gather(*(self._leader_last(s, "Checking a DCB append condition") for s in missing))
         for subject, last in zip(missing, lasts):
             if last > after:
-                raise await self._conflict(subjects, after, tags, None)
+                raise await self._conflict(subjects, after, tags)
             expected[subject] = last
             self._learn(subject, last, after)
         return expected
 
-    async def _conflict(self, subjects: list[str], after: int, tags: list[str], actual: int | None) -> AppendConditionError:
-        """The error naming the first commit after ``after`` holding a checked tag."""
+    async def _conflict(self, subjects: list[str], after: int, tags: list[str]) -> AppendConditionError:
+        """The error naming the first commit after ``after`` holding a checked tag (None if a replica lagging
+        behind the leader that refused the append does not hold it yet)."""
         firsts = []
         for subject in subjects:
             msgs = await self._store._appender.direct_get(
@@ -349,7 +350,7 @@ class JetStreamDcb:
             if msgs:
                 headers = msgs[0].headers or {}
                 firsts.append(int(headers[Header.SEQUENCE]) - int(headers.get(Header.COMMIT_OFFSET, "0")))
-        return AppendConditionError(after, min(firsts) if firsts else actual, tags)
+        return AppendConditionError(after, min(firsts) if firsts else None, tags)
 
     async def _stored(self, stream_id: StreamId) -> AppendResult | None:
         """What an earlier send of the append with this commit subject stored, if any (``duplicate=True``)."""

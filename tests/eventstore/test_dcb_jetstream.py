@@ -67,8 +67,8 @@ async def test_a_condition_read_by_another_process_is_looked_up_on_the_leader(
 ) -> None:
     query = Query.of(tags=["course:c1"])
     await dcb_store.dcb.append([TaggedEvent(Blob(text="first"), {"course:c1"})])
-    read = await dcb_store.dcb.read(query)
     await dcb_store.dcb.append([TaggedEvent(Blob(text="noise"), {"course:c2"})])  # moves the stream, not the tag
+    read = await dcb_store.dcb.read(query)  # up to the noise: the tag's last position lies before
     async with await EventStore.connect(settings) as fresh:  # remembers nothing of the read
         for model in DCB_EVENTS:
             fresh.registry.register(model)
