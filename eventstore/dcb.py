@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Final, Protocol
 
 from pydantic import BaseModel
@@ -41,6 +41,7 @@ __all__ = [
     "batch_messages",
     "check_dcb_append",
     "check_dcb_read",
+    "check_find_key",
     "check_tags",
     "dcb_stream_id",
     "decode_tags",
@@ -88,7 +89,7 @@ def _check_name(name: str, value: object) -> str:
     return value
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class TaggedEvent:
     """An event to append and its tags (checked on construction: :class:`InvalidArgumentError`).
 
@@ -98,14 +99,15 @@ class TaggedEvent:
     """
 
     event: BaseModel
-    tags: frozenset[str] = field(default=frozenset())
+    tags: frozenset[str]
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.event, BaseModel):
+    def __init__(self, event: BaseModel, tags: Iterable[str] = ()) -> None:
+        if not isinstance(event, BaseModel):
             raise InvalidArgumentError(
-                f"Invalid event {_shown(self.event)}: a TaggedEvent holds an instance of a registered pydantic model."
+                f"Invalid event {_shown(event)}: a TaggedEvent holds an instance of a registered pydantic model."
             )
-        tags = _names("tags", self.tags)
+        object.__setattr__(self, "event", event)
+        tags = _names("tags", tags)
         if len(tags) > MAX_TAGS_PER_EVENT:
             raise InvalidArgumentError(
                 f"An event carries {len(tags)} tags, more than {MAX_TAGS_PER_EVENT}; tag it with what decisions query."
@@ -113,16 +115,16 @@ class TaggedEvent:
         object.__setattr__(self, "tags", tags)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class QueryItem:
     """Events of any of ``types`` (every type when empty) carrying all of ``tags`` (no tag needed when empty)."""
 
-    types: frozenset[str] = field(default=frozenset())
-    tags: frozenset[str] = field(default=frozenset())
+    types: frozenset[str]
+    tags: frozenset[str]
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "types", _names("types", self.types))
-        object.__setattr__(self, "tags", _names("tags", self.tags))
+    def __init__(self, types: Iterable[str] = (), tags: Iterable[str] = ()) -> None:
+        object.__setattr__(self, "types", _names("types", types))
+        object.__setattr__(self, "tags", _names("tags", tags))
 
     def matches(self, type_name: str, tags: frozenset[str]) -> bool:
         """Whether an event of ``type_name`` carrying ``tags`` matches this item."""
@@ -136,7 +138,7 @@ class Query:
     items: tuple[QueryItem, ...]
 
     def __post_init__(self) -> None:
-        items = self.items
+        items: object = self.items
         if isinstance(items, QueryItem):
             items = (items,)
         if isinstance(items, (str, bytes)) or not isinstance(items, Iterable):
@@ -151,7 +153,7 @@ class Query:
     @classmethod
     def of(cls, *, types: Iterable[str] = (), tags: Iterable[str] = ()) -> "Query":
         """A query of one item."""
-        return cls((QueryItem(frozenset(types), frozenset(tags)),))
+        return cls((QueryItem(types, tags),))
 
     @classmethod
     def all(cls) -> "Query":
@@ -275,6 +277,14 @@ def batch_messages(events: Sequence[TaggedEvent], checked: Sequence[str]) -> int
     return count
 
 
+def check_find_key(idempotency_key: object) -> str:
+    """The key a DCB ``find_append`` looks for, else :class:`InvalidArgumentError`."""
+    key = check_idempotency_key(idempotency_key)
+    if key is None:
+        raise InvalidArgumentError("find_append needs an idempotency_key (a non-empty str), not None.")
+    return key
+
+
 def dcb_stream_id(key: str | None, append_id: str) -> StreamId:
     """The entity of a DCB append's commit: derived from its idempotency key (so any retry names the same
     subject), else its append id (random, reused by this call's resends)."""
@@ -330,3 +340,5 @@ class DcbLog(Protocol):
         causation_id: str | None = None,
         note: str | None = None,
     ) -> AppendResult: ...
+
+    async def find_append(self, idempotency_key: str) -> AppendResult | None: ...

@@ -44,6 +44,7 @@ from .dcb import (
     batch_messages,
     check_dcb_append,
     check_dcb_read,
+    check_find_key,
     check_tags,
     dcb_stream_id,
     decode_tags,
@@ -317,6 +318,13 @@ class JetStreamDcb:
         for subject, value in expected.items():
             self._learn(subject, value, last)
         return AppendResult(stream_id, position, 1, len(events), False, None)
+
+    async def find_append(self, idempotency_key: str) -> AppendResult | None:
+        """What the DCB append with exactly ``idempotency_key`` stored (``duplicate=True``, with its note), or None;
+        asked of the stream's leader, at any age."""
+        key = check_find_key(idempotency_key)
+        await self._check_ready()
+        return await self._stored(dcb_stream_id(key, escape_key(key)))
 
     async def _expected(self, subjects: list[str], after: int, tags: list[str]) -> dict[str, int]:
         """Each checked subject's last sequence at or before ``after``: remembered, else asked of the leader;

@@ -21,6 +21,7 @@ from .dcb import (
     batch_messages,
     check_dcb_append,
     check_dcb_read,
+    check_find_key,
     check_tags,
     dcb_stream_id,
     encode_tags,
@@ -99,3 +100,8 @@ class InMemoryDcb:
         if key is not None:
             self._results[stream_id] = AppendResult(stream_id, position, 1, len(events), True, note)
         return AppendResult(stream_id, position, 1, len(events), False, None)
+
+    async def find_append(self, idempotency_key: str) -> AppendResult | None:
+        """What the DCB append with exactly ``idempotency_key`` stored (``duplicate=True``), or None."""
+        key = check_find_key(idempotency_key)
+        return self._results.get(dcb_stream_id(key, escape_key(key)))
