@@ -96,8 +96,8 @@ class JetStreamDcb:
         self._store = store
         self._prefix = store.settings.subject_prefix
         self._ready = False
-        # subject -> (last sequence E, through P): the subject's last sequence is E at every position in [E, P].
-        self._known: OrderedDict[str, tuple[int, int]] = OrderedDict()
+        # subject -> (E, C, P): the subject's last message is E, of the commit at C, at every position in [C, P].
+        self._known: OrderedDict[str, tuple[int, int, int]] = OrderedDict()
         self._cache_size = cache_size
 
     # -- the stream -----------------------------------------------------------
@@ -137,24 +137,27 @@ class JetStreamDcb:
             )
         self._ready = True
 
-    def _learn(self, subject: str, last: int, through: int) -> None:
+    def _learn(self, subject: str, last: int, commit: int, through: int) -> None:
         known = self._known.get(subject)
-        if known is not None and known[1] >= through:
+        if known is not None and known[2] >= through:
             return
-        self._known[subject] = (last, through)
+        self._known[subject] = (last, commit, through)
         self._known.move_to_end(subject)
         if len(self._known) > self._cache_size:
             self._known.popitem(last=False)
 
-    async def _leader_last(self, subject: str, what: str) -> int:
-        """The last sequence on ``subject`` as the stream's leader knows it (a message get), 0 when none."""
+    async def _leader_last(self, subject: str, what: str) -> tuple[int, int]:
+        """The last sequence on ``subject`` as the stream's leader knows it (a message get) and the position of
+        its commit (an index message names how far after it is stored); (0, 0) when there is none."""
         store = self._store
         timeout_s = store.settings.request_timeout_s
         try:
             with map_nats_error(what, timeout_s, closed=lambda: store._inbox.closed):
-                return int((await store.nc.jetstream(timeout=timeout_s).get_last_msg(store.settings.stream, subject)).seq or 0)
+                msg = await store.nc.jetstream(timeout=timeout_s).get_last_msg(store.settings.stream, subject)
         except NotFoundError:
-            return 0
+            return 0, 0
+        seq = int(msg.seq or 0)
+        return seq, seq - int((msg.headers or {}).get(Header.COMMIT_OFFSET, "0"))
 
     # -- reading --------------------------------------------------------------
 
@@ -178,10 +181,10 @@ class JetStreamDcb:
                 subjects[f"{self._prefix}.{DCB_CATEGORY}.*"] = False
         candidates: set[int] = set()
         lasts = await asyncio.gather(*(self._leader_last(s, what) for s in subjects))
-        for (subject, is_index), last in zip(subjects.items(), lasts):
-            seen = await self._read_index(subject, is_index, after, min(last, head), candidates)
-            if is_index and after == 0:
-                self._learn(subject, seen, head)
+        for (subject, is_index), (last, _) in zip(subjects.items(), lasts):
+            seen, seen_commit = await self._read_index(subject, is_index, after, min(last, head), candidates)
+            if is_index and after == 0:  # head is a batch boundary: no later commit has a message up to it
+                self._learn(subject, seen, seen_commit, head)
         events: list[SequencedEvent] = []
         ordered = sorted(p for p in candidates if after < p <= head)
         for start in range(0, len(ordered), _GET_CHUNK):
@@ -194,22 +197,26 @@ class JetStreamDcb:
                 return QueryResult(events, events[-1].position)
         return QueryResult(events, head)
 
-    async def _read_index(self, subject: str, is_index: bool, after: int, until: int, out: set[int]) -> int:
+    async def _read_index(
+        self, subject: str, is_index: bool, after: int, until: int, out: set[int]
+    ) -> tuple[int, int]:
         """Add the commit positions of ``subject``'s messages after ``after`` to ``out``, from a replica that holds
         the stream at least up to ``until`` (retried while the one that answers lags behind it: a replica's
-        messages are a prefix of the stream); the last sequence on ``subject`` up to ``until`` (0 when none)."""
+        messages are a prefix of the stream); the last sequence on ``subject`` up to ``until`` and its commit's
+        position ((0, 0) when none was read)."""
         wait = LeaderWait(self._store.settings.request_timeout_s)
         while True:
-            seen = reached = 0
+            seen = seen_commit = reached = 0
             async for page in self._store._appender.subject_pages(subject, after + 1, what="Reading a DCB index"):
                 for msg in page:
                     headers = msg.headers or {}
                     reached = int(headers[Header.SEQUENCE])
+                    commit = reached - (int(headers.get(Header.COMMIT_OFFSET, "0")) if is_index else 0)
                     if reached <= until:
-                        seen = reached
-                    out.add(reached - (int(headers.get(Header.COMMIT_OFFSET, "0")) if is_index else 0))
+                        seen, seen_commit = reached, commit
+                    out.add(commit)
             if until <= after or reached >= until:
-                return seen
+                return seen, seen_commit
             if not await wait.again():
                 raise ServerUnavailableError(
                     f"Reading a DCB index: the replicas answering did not reach position {until} within "
@@ -275,7 +282,7 @@ class JetStreamDcb:
         subjects = [index_subject(self._prefix, t) for t in checked]
         expected = await self._expected(subjects, condition.after if condition else 0, checked)
         free = [m for m in messages[1:] if m[0] not in expected]
-        for subject, value in expected.items():
+        for subject, (value, _) in expected.items():
             if subject in written:
                 messages[1 + written.index(subject)][1][Header.EXPECTED_LAST_SUBJECT_SEQUENCE] = str(value)
                 continue
@@ -314,9 +321,10 @@ class JetStreamDcb:
             assert found is not None
             return found
         for i, (subject, _, _) in enumerate(messages[1:], start=1):
-            self._learn(subject, position + i, last)
-        for subject, value in expected.items():
-            self._learn(subject, value, last)
+            self._learn(subject, position + i, position, last)
+        for subject, (value, at) in expected.items():
+            if subject not in written:
+                self._learn(subject, value, at, last)
         return AppendResult(stream_id, position, 1, len(events), False, None)
 
     async def find_append(self, idempotency_key: str) -> AppendResult | None:
@@ -326,25 +334,27 @@ class JetStreamDcb:
         await self._check_ready()
         return await self._stored(dcb_stream_id(key, escape_key(key)))
 
-    async def _expected(self, subjects: list[str], after: int, tags: list[str]) -> dict[str, int]:
-        """Each checked subject's last sequence at or before ``after``: remembered, else asked of the leader;
-        :class:`AppendConditionError` at once when the leader already holds one after ``after``."""
-        expected: dict[str, int] = {}
+    async def _expected(self, subjects: list[str], after: int, tags: list[str]) -> dict[str, tuple[int, int]]:
+        """Each checked subject's last message of a commit at or before ``after`` (and that commit's position):
+        remembered, else asked of the leader; :class:`AppendConditionError` at once when the leader already holds
+        one of a later commit. (A commit's index messages follow it: the one of a commit at ``after`` may lie
+        after ``after``.)"""
+        expected: dict[str, tuple[int, int]] = {}
         missing: list[str] = []
         for subject in subjects:
             known = self._known.get(subject)
             if after == 0:
-                expected[subject] = 0
-            elif known is not None and known[0] <= after <= known[1]:
-                expected[subject] = known[0]
+                expected[subject] = (0, 0)
+            elif known is not None and known[1] <= after <= known[2]:
+                expected[subject] = (known[0], known[1])
             else:
                 missing.append(subject)
         lasts = await asyncio.gather(*(self._leader_last(s, "Checking a DCB append condition") for s in missing))
-        for subject, last in zip(missing, lasts):
-            if last > after:
+        for subject, (last, commit) in zip(missing, lasts):
+            if commit > after:
                 raise await self._conflict(subjects, after, tags)
-            expected[subject] = last
-            self._learn(subject, last, after)
+            expected[subject] = (last, commit)
+            self._learn(subject, last, commit, after)
         return expected
 
     async def _conflict(self, subjects: list[str], after: int, tags: list[str]) -> AppendConditionError:
@@ -352,12 +362,14 @@ class JetStreamDcb:
         behind the leader that refused the append does not hold it yet)."""
         firsts = []
         for subject in subjects:
+            # Two: the first may be the index message of a commit at or before ``after`` (one batch at most
+            # straddles a position: batches are stored whole and in one piece).
             msgs = await self._store._appender.direct_get(
-                {"seq": after + 1, "next_by_subj": subject, "batch": 1}, what="Finding a DCB conflict"
+                {"seq": after + 1, "next_by_subj": subject, "batch": 2}, what="Finding a DCB conflict"
             )
-            if msgs:
-                headers = msgs[0].headers or {}
-                firsts.append(int(headers[Header.SEQUENCE]) - int(headers.get(Header.COMMIT_OFFSET, "0")))
+            commits = [int((m.headers or {})[Header.SEQUENCE]) - int((m.headers or {}).get(Header.COMMIT_OFFSET, "0"))
+                       for m in msgs]
+            firsts += [c for c in commits if c > after][:1]
         return AppendConditionError(after, min(firsts) if firsts else None, tags)
 
     async def _stored(self, stream_id: StreamId) -> AppendResult | None:

@@ -262,3 +262,14 @@ async def test_bad_read_arguments_are_refused(stores: Stores, arguments: dict[st
 def test_bad_values_are_refused_on_construction(build: Any, match: str) -> None:
     with pytest.raises(InvalidArgumentError, match=match):
         build()
+
+
+async def test_a_condition_after_an_appends_own_position_counts_the_append_as_read(stores: Stores) -> None:
+    dcb = stores.dcb
+    query = Query.of(tags=["course:c1"]) | Query.of(tags=["student:s1"])
+    first = await dcb.append([subscribed("s1", "c1")])
+    with pytest.raises(AppendConditionError) as caught:
+        await dcb.append([subscribed("s1", "c2")], condition=AppendCondition(query, first.position - 1))
+    assert caught.value.position == first.position
+    second = await dcb.append([subscribed("s1", "c2")], condition=AppendCondition(query, first.position))
+    await dcb.append([subscribed("s1", "c3")], condition=AppendCondition(query, second.position))

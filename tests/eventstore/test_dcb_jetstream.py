@@ -118,3 +118,17 @@ async def test_a_stream_without_the_index_subjects_is_refused_until_they_are_add
     await store.dcb.ensure_index()
     await store.ensure_stream()  # the stream, index subjects added, still passes the event store's checks
     assert (await store.dcb.append([TaggedEvent(Blob(text="x"), {"a"})])).position == 1
+
+
+async def test_a_condition_after_an_appends_position_holds_in_a_process_that_remembers_nothing(
+    dcb_store: EventStore, settings: EventStoreSettings
+) -> None:
+    tagged = TaggedEvent(Blob(text="x"), {"a", "b"})  # its index messages follow its commit
+    first = await dcb_store.dcb.append([tagged])
+    async with await EventStore.connect(settings) as fresh:
+        fresh.registry.register(Blob)
+        query = Query.of(tags=["a"]) | Query.of(tags=["b"])
+        with pytest.raises(AppendConditionError) as caught:
+            await fresh.dcb.append([tagged], condition=AppendCondition(query, first.position - 1))
+        assert caught.value.position == first.position
+        await fresh.dcb.append([tagged], condition=AppendCondition(query, first.position))
