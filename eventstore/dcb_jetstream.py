@@ -275,8 +275,10 @@ class JetStreamDcb:
         headers[Header.TAGS] = encode_tags([e.tags for e in events])
         messages = [(commit.subject, headers, body)]
         written = sorted({index_subject(self._prefix, t) for e in events for t in e.tags})
+        # No msg ids on the index messages: the commit's deduplicates the whole batch (the server refuses a batch
+        # holding a known msg id), and its own check stores it once at any age. Saves ~50 bytes a message.
         for i, subject in enumerate(written, start=1):
-            messages.append((subject, {Header.MSG_ID: msg_id(append_id, i), Header.COMMIT_OFFSET: str(i)}, b""))
+            messages.append((subject, {Header.COMMIT_OFFSET: str(i)}, b""))
         checked = [] if condition is None else check_tags(condition.query)
         batch_messages(events, checked)
         subjects = [index_subject(self._prefix, t) for t in checked]
@@ -287,7 +289,7 @@ class JetStreamDcb:
                 messages[1 + written.index(subject)][1][Header.EXPECTED_LAST_SUBJECT_SEQUENCE] = str(value)
                 continue
             if not free:
-                free.append((_carrier_subject(self._prefix), {Header.MSG_ID: msg_id(append_id, len(messages))}, b""))
+                free.append((_carrier_subject(self._prefix), {}, b""))
                 messages.append(free[-1])
             carrier = free.pop(0)[1]
             carrier[Header.EXPECTED_LAST_SUBJECT_SEQUENCE] = str(value)
