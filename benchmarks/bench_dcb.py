@@ -202,9 +202,9 @@ class ReadStream:
         prefix = self.store.settings.subject_prefix
         js = self.store.nc.jetstream(publish_async_max_pending=4000)
         slices = size // slice_size
-        every = max(1, slices // 100)
         for s in range(slices):
-            if s % every == 0 and s // every < 100:
+            due = (s + 1) * 100 // slices - s * 100 // slices  # 100 of each target, spread evenly
+            for _ in range(due):
                 await asyncio.gather(*(
                     self.store.dcb.append([TaggedEvent(Enrolled(student=f"s{s}", course=f"hot{t}"),
                                                        {f"course:hot{t}", f"term:{t % 2}"})])
@@ -212,7 +212,7 @@ class ReadStream:
                 ), *(self.store.append(StreamId("Course", f"hot{t}"), [Enrolled(student=f"s{s}", course=f"hot{t}")])
                      for t in range(self.targets)))
             futures = []
-            for _ in range(slice_size - 3 * self.targets):
+            for _ in range(max(0, slice_size - 4 * self.targets * due)):  # a DCB append stores 3 messages here
                 n = self._rng.randrange(len(self._versions))
                 self._versions[n] += 1
                 subject, body, headers = noise_commit(prefix, n, self._versions[n])

@@ -68,7 +68,7 @@ if TYPE_CHECKING:
 
 __all__ = ["JetStreamDcb", "index_subject"]
 
-_GET_CHUNK = 256  # commits fetched per pipelined round of direct gets
+_GET_CHUNK = 512  # commits fetched per direct get (nats-server answers at most 1024 subjects' last messages)
 
 
 def index_subject(prefix: str, tag: str) -> str:
@@ -179,16 +179,20 @@ class JetStreamDcb:
                 subjects[index_subject(self._prefix, min(item.tags))] = True
             else:
                 subjects[f"{self._prefix}.{DCB_CATEGORY}.*"] = False
-        candidates: set[int] = set()
+        candidates: dict[int, str] = {}  # commit position -> its subject
         lasts = await asyncio.gather(*(self._leader_last(s, what) for s in subjects))
-        for (subject, is_index), (last, _) in zip(subjects.items(), lasts):
-            seen, seen_commit = await self._read_index(subject, is_index, after, min(last, head), candidates)
+        seens = await asyncio.gather(*(
+            self._read_index(subject, is_index, after, min(last, head), candidates)
+            for (subject, is_index), (last, _) in zip(subjects.items(), lasts)
+        ))
+        for (subject, is_index), (seen, seen_commit) in zip(subjects.items(), seens):
             if is_index and after == 0:  # head is a batch boundary: no later commit has a message up to it
                 self._learn(subject, seen, seen_commit, head)
         events: list[SequencedEvent] = []
         ordered = sorted(p for p in candidates if after < p <= head)
         for start in range(0, len(ordered), _GET_CHUNK):
-            for position, msg in zip(ordered[start:start + _GET_CHUNK], await self._get(ordered[start:start + _GET_CHUNK])):
+            chunk = ordered[start:start + _GET_CHUNK]
+            for position, msg in zip(chunk, await self._get(chunk, [candidates[p] for p in chunk])):
                 for event in self._decode(position, msg):
                     if query.matches(event.type, event.tags):
                         events.append(event)
@@ -198,9 +202,9 @@ class JetStreamDcb:
         return QueryResult(events, head)
 
     async def _read_index(
-        self, subject: str, is_index: bool, after: int, until: int, out: set[int]
+        self, subject: str, is_index: bool, after: int, until: int, out: dict[int, str]
     ) -> tuple[int, int]:
-        """Add the commit positions of ``subject``'s messages after ``after`` to ``out``, from a replica that holds
+        """Add the commits (position: subject) of ``subject``'s messages after ``after`` to ``out``, from a replica that holds
         the stream at least up to ``until`` (retried while the one that answers lags behind it: a replica's
         messages are a prefix of the stream); the last sequence on ``subject`` up to ``until`` and its commit's
         position ((0, 0) when none was read)."""
@@ -211,10 +215,14 @@ class JetStreamDcb:
                 for msg in page:
                     headers = msg.headers or {}
                     reached = int(headers[Header.SEQUENCE])
-                    commit = reached - (int(headers.get(Header.COMMIT_OFFSET, "0")) if is_index else 0)
+                    if is_index:
+                        commit = reached - int(headers[Header.COMMIT_OFFSET])
+                        out[commit] = f"{self._prefix}.{DCB_CATEGORY}.{headers[Header.COMMIT_ENTITY]}"
+                    else:
+                        commit = reached
+                        out[commit] = headers[Header.SUBJECT]
                     if reached <= until:
                         seen, seen_commit = reached, commit
-                    out.add(commit)
             if until <= after or reached >= until:
                 return seen, seen_commit
             if not await wait.again():
@@ -223,12 +231,16 @@ class JetStreamDcb:
                     f"{self._store.settings.request_timeout_s}s (they lag the stream's leader). Nothing was returned; retry."
                 )
 
-    async def _get(self, positions: list[int]) -> list[Msg]:
+    async def _get(self, positions: list[int], subjects: list[str]) -> list[Msg]:
+        """The commits at ``positions`` on ``subjects`` (each a commit's own), in one direct get: the last message
+        of each subject (the only one), as a batch in stream order."""
         wait = LeaderWait(self._store.settings.request_timeout_s)
         while True:
-            msgs = await self._store._appender.get_each(positions, what="Reading DCB events")
-            if all(m is not None for m in msgs):
-                return [m for m in msgs if m is not None]
+            msgs = await self._store._appender.direct_get(
+                {"multi_last": subjects, "batch": len(subjects)}, what="Reading DCB events"
+            )
+            if [int((m.headers or {})[Header.SEQUENCE]) for m in msgs] == positions:
+                return msgs
             if not await wait.again():
                 raise ServerUnavailableError(
                     "Reading DCB events: a commit the index names was not found within "
@@ -278,7 +290,7 @@ class JetStreamDcb:
         # No msg ids on the index messages: the commit's deduplicates the whole batch (the server refuses a batch
         # holding a known msg id), and its own check stores it once at any age. Saves ~50 bytes a message.
         for i, subject in enumerate(written, start=1):
-            messages.append((subject, {Header.COMMIT_OFFSET: str(i)}, b""))
+            messages.append((subject, {Header.COMMIT_OFFSET: str(i), Header.COMMIT_ENTITY: stream_id.subject(self._prefix).rpartition(".")[2]}, b""))
         checked = [] if condition is None else check_tags(condition.query)
         batch_messages(events, checked)
         subjects = [index_subject(self._prefix, t) for t in checked]

@@ -31,7 +31,7 @@ body is exactly the event's JSON. Headers:
 
 A DCB append (:mod:`.dcb_jetstream`) stores one such commit on ``<prefix>.Dcb.<append id>`` and, in the same
 atomic batch, an empty *index message* on ``<prefix>_tags.<tag>`` per tag, whose ``Es-Commit-Offset`` says how
-many positions after the commit it is stored. Index subjects lie outside ``<prefix>.>``, so no reader of events
+many positions after the commit it is stored and ``Es-Commit-Entity`` names the commit's subject's last token. Index subjects lie outside ``<prefix>.>``, so no reader of events
 sees them.
 
 Header values must reach the reader exactly as written, but nats-py strips
@@ -125,6 +125,7 @@ class Header:
     PREVIOUS: Final = "Es-Previous"
     TAGS: Final = "Es-Tags"  # a DCB commit's tags, per event
     COMMIT_OFFSET: Final = "Es-Commit-Offset"  # a DCB index message: how far after its commit it is stored
+    COMMIT_ENTITY: Final = "Es-Commit-Entity"  # a DCB index message: its commit's entity (the subject's last token)
 
 
 PREVIOUS_COMMITS: Final = 8
