@@ -50,6 +50,7 @@ from .dcb import (
     decode_tags,
     encode_tags,
 )
+from .dcb_index import Last, index_messages, pointers, scan
 from .errors import (
     AppendConditionError,
     EventDecodeError,
@@ -61,7 +62,7 @@ from .errors import (
 from .events import NO_STREAM, AppendResult
 from .jetstream.api import ErrorCode, Subjects
 from .streams import StreamId, encode_entity_id
-from .wire import Header, decode_commit, escape_key, msg_id, note_of, utc_now_text
+from .wire import PREVIOUS_COMMITS, Header, decode_commit, escape_key, msg_id, note_of, utc_now_text
 
 if TYPE_CHECKING:
     from .store import EventStore
@@ -96,8 +97,9 @@ class JetStreamDcb:
         self._store = store
         self._prefix = store.settings.subject_prefix
         self._ready = False
-        # subject -> (E, C, P): the subject's last message is E, of the commit at C, at every position in [C, P].
-        self._known: OrderedDict[str, tuple[int, int, int]] = OrderedDict()
+        # subject -> (E, C, P, pointers): the subject's last message is E, of the commit at C, at every position in
+        # [C, P]; E's verified back pointers, when known (None: unknown).
+        self._known: OrderedDict[str, tuple[int, int, int, tuple[int, ...] | None]] = OrderedDict()
         self._cache_size = cache_size
 
     # -- the stream -----------------------------------------------------------
@@ -137,27 +139,26 @@ class JetStreamDcb:
             )
         self._ready = True
 
-    def _learn(self, subject: str, last: int, commit: int, through: int) -> None:
+    def _learn(self, subject: str, last: int, commit: int, through: int, previous: tuple[int, ...] | None) -> None:
         known = self._known.get(subject)
         if known is not None and known[2] >= through:
             return
-        self._known[subject] = (last, commit, through)
+        self._known[subject] = (last, commit, through, previous)
         self._known.move_to_end(subject)
         if len(self._known) > self._cache_size:
             self._known.popitem(last=False)
 
-    async def _leader_last(self, subject: str, what: str) -> tuple[int, int]:
-        """The last sequence on ``subject`` as the stream's leader knows it (a message get) and the position of
-        its commit (an index message names how far after it is stored); (0, 0) when there is none."""
+    async def _leader_last(self, subject: str, what: str) -> Last:
+        """``subject``'s last message as the stream's leader knows it (a message get)."""
         store = self._store
         timeout_s = store.settings.request_timeout_s
         try:
             with map_nats_error(what, timeout_s, closed=lambda: store._inbox.closed):
                 msg = await store.nc.jetstream(timeout=timeout_s).get_last_msg(store.settings.stream, subject)
         except NotFoundError:
-            return 0, 0
-        seq = int(msg.seq or 0)
-        return seq, seq - int((msg.headers or {}).get(Header.COMMIT_OFFSET, "0"))
+            return Last(0, 0, {})
+        seq, headers = int(msg.seq or 0), dict(msg.headers or {})
+        return Last(seq, seq - int(headers.get(Header.COMMIT_OFFSET, "0")), headers)
 
     # -- reading --------------------------------------------------------------
 
@@ -165,13 +166,15 @@ class JetStreamDcb:
         """The DCB events matching ``query`` stored after ``after``, in stream order, at most ``limit``; and the
         position read up to (see :class:`~.dcb.QueryResult`).
 
-        Cost: per query item, the index of one of its tags (all DCB commits for an item without tags), then
-        each candidate commit by a pipelined direct get. Complete up to the position even on a cluster whose
-        replicas lag: each index is read up to its last sequence as the leader knows it.
+        Cost: per query item, the index of its least tag (:mod:`.dcb_index`; for an item without tags, a scan of
+        the DCB commits), then the candidate commits in one direct get. Complete up to the position even on a
+        cluster whose replicas lag: each index is read from its last message as the leader knows it.
         """
         check_dcb_read(query, after, limit)
         await self._check_ready()
         what = "Reading a DCB query"
+        timeout_s = self._store.settings.request_timeout_s
+        appender = self._store._appender
         head = await self._store.last_position()
         subjects: dict[str, bool] = {}  # subject to read -> whether it is an index (else: the commits themselves)
         for item in query.items:
@@ -179,15 +182,25 @@ class JetStreamDcb:
                 subjects[index_subject(self._prefix, min(item.tags))] = True
             else:
                 subjects[f"{self._prefix}.{DCB_CATEGORY}.*"] = False
-        candidates: dict[int, str] = {}  # commit position -> its subject
         lasts = await asyncio.gather(*(self._leader_last(s, what) for s in subjects))
-        seens = await asyncio.gather(*(
-            self._read_index(subject, is_index, after, min(last, head), candidates)
-            for (subject, is_index), (last, _) in zip(subjects.items(), lasts)
+        found = await asyncio.gather(*(
+            index_messages(appender, subject, last, after, timeout_s) if is_index
+            else scan(appender, subject, after, last.seq, timeout_s)
+            for (subject, is_index), last in zip(subjects.items(), lasts)
         ))
-        for (subject, is_index), (seen, seen_commit) in zip(subjects.items(), seens):
+        candidates: dict[int, str] = {}  # commit position -> its subject
+        for (subject, is_index), msgs in zip(subjects.items(), found):
+            seen: tuple[int, int, tuple[int, ...] | None] = (0, 0, (0,))
+            for seq, headers in msgs:
+                if is_index:
+                    commit = seq - int(headers[Header.COMMIT_OFFSET])
+                    candidates[commit] = f"{self._prefix}.{DCB_CATEGORY}.{headers[Header.COMMIT_ENTITY]}"
+                    if seen[0] < seq <= head:
+                        seen = (seq, commit, pointers(headers, seq))
+                else:
+                    candidates[seq] = headers[Header.SUBJECT]
             if is_index and after == 0:  # head is a batch boundary: no later commit has a message up to it
-                self._learn(subject, seen, seen_commit, head)
+                self._learn(subject, *seen[:2], head, seen[2])
         events: list[SequencedEvent] = []
         ordered = sorted(p for p in candidates if after < p <= head)
         for start in range(0, len(ordered), _GET_CHUNK):
@@ -200,36 +213,6 @@ class JetStreamDcb:
                 events = events[:limit]
                 return QueryResult(events, events[-1].position)
         return QueryResult(events, head)
-
-    async def _read_index(
-        self, subject: str, is_index: bool, after: int, until: int, out: dict[int, str]
-    ) -> tuple[int, int]:
-        """Add the commits (position: subject) of ``subject``'s messages after ``after`` to ``out``, from a replica that holds
-        the stream at least up to ``until`` (retried while the one that answers lags behind it: a replica's
-        messages are a prefix of the stream); the last sequence on ``subject`` up to ``until`` and its commit's
-        position ((0, 0) when none was read)."""
-        wait = LeaderWait(self._store.settings.request_timeout_s)
-        while True:
-            seen = seen_commit = reached = 0
-            async for page in self._store._appender.subject_pages(subject, after + 1, what="Reading a DCB index"):
-                for msg in page:
-                    headers = msg.headers or {}
-                    reached = int(headers[Header.SEQUENCE])
-                    if is_index:
-                        commit = reached - int(headers[Header.COMMIT_OFFSET])
-                        out[commit] = f"{self._prefix}.{DCB_CATEGORY}.{headers[Header.COMMIT_ENTITY]}"
-                    else:
-                        commit = reached
-                        out[commit] = headers[Header.SUBJECT]
-                    if reached <= until:
-                        seen, seen_commit = reached, commit
-            if until <= after or reached >= until:
-                return seen, seen_commit
-            if not await wait.again():
-                raise ServerUnavailableError(
-                    f"Reading a DCB index: the replicas answering did not reach position {until} within "
-                    f"{self._store.settings.request_timeout_s}s (they lag the stream's leader). Nothing was returned; retry."
-                )
 
     async def _get(self, positions: list[int], subjects: list[str]) -> list[Msg]:
         """The commits at ``positions`` on ``subjects`` (each a commit's own), in one direct get: the last message
@@ -296,9 +279,15 @@ class JetStreamDcb:
         subjects = [index_subject(self._prefix, t) for t in checked]
         expected = await self._expected(subjects, condition.after if condition else 0, checked)
         free = [m for m in messages[1:] if m[0] not in expected]
-        for subject, (value, _) in expected.items():
+        chains: dict[str, tuple[int, ...]] = {}
+        for subject, (value, _, before) in expected.items():
             if subject in written:
-                messages[1 + written.index(subject)][1][Header.EXPECTED_LAST_SUBJECT_SEQUENCE] = str(value)
+                # Checked on its own index message, which points back to the message the check names (and on
+                # through that one's pointers, when known): a chain the server verified (see .dcb_index).
+                chains[subject] = (0,) if value == 0 else (value, *(before or ())[:PREVIOUS_COMMITS - 1])
+                own = messages[1 + written.index(subject)][1]
+                own[Header.EXPECTED_LAST_SUBJECT_SEQUENCE] = str(value)
+                own[Header.PREVIOUS] = ",".join(map(str, chains[subject]))
                 continue
             if not free:
                 free.append((_carrier_subject(self._prefix), {}, b""))
@@ -334,11 +323,11 @@ class JetStreamDcb:
             found = await self._stored(stream_id)
             assert found is not None
             return found
-        for i, (subject, _, _) in enumerate(messages[1:], start=1):
-            self._learn(subject, position + i, position, last)
-        for subject, (value, at) in expected.items():
+        for i, subject in enumerate(written, start=1):
+            self._learn(subject, position + i, position, last, chains.get(subject))
+        for subject, (value, at, before) in expected.items():
             if subject not in written:
-                self._learn(subject, value, at, last)
+                self._learn(subject, value, at, last, before)
         return AppendResult(stream_id, position, 1, len(events), False, None)
 
     async def find_append(self, idempotency_key: str) -> AppendResult | None:
@@ -348,27 +337,29 @@ class JetStreamDcb:
         await self._check_ready()
         return await self._stored(dcb_stream_id(key, escape_key(key)))
 
-    async def _expected(self, subjects: list[str], after: int, tags: list[str]) -> dict[str, tuple[int, int]]:
-        """Each checked subject's last message of a commit at or before ``after`` (and that commit's position):
-        remembered, else asked of the leader; :class:`AppendConditionError` at once when the leader already holds
+    async def _expected(
+        self, subjects: list[str], after: int, tags: list[str]
+    ) -> dict[str, tuple[int, int, tuple[int, ...] | None]]:
+        """Each checked subject's last message of a commit at or before ``after``, that commit's position and the
+        message's back pointers (None: unknown): remembered, else asked of the leader; :class:`AppendConditionError` at once when the leader already holds
         one of a later commit. (A commit's index messages follow it: the one of a commit at ``after`` may lie
         after ``after``.)"""
-        expected: dict[str, tuple[int, int]] = {}
+        expected: dict[str, tuple[int, int, tuple[int, ...] | None]] = {}
         missing: list[str] = []
         for subject in subjects:
             known = self._known.get(subject)
             if after == 0:
-                expected[subject] = (0, 0)
+                expected[subject] = (0, 0, (0,))
             elif known is not None and known[1] <= after <= known[2]:
-                expected[subject] = (known[0], known[1])
+                expected[subject] = (known[0], known[1], known[3])
             else:
                 missing.append(subject)
         lasts = await asyncio.gather(*(self._leader_last(s, "Checking a DCB append condition") for s in missing))
-        for subject, (last, commit) in zip(missing, lasts):
-            if commit > after:
+        for subject, last in zip(missing, lasts):
+            if last.commit > after:
                 raise await self._conflict(subjects, after, tags)
-            expected[subject] = (last, commit)
-            self._learn(subject, last, commit, after)
+            expected[subject] = (last.seq, last.commit, pointers(last.headers, last.seq) if last.seq else (0,))
+            self._learn(subject, *expected[subject][:2], after, expected[subject][2])
         return expected
 
     async def _conflict(self, subjects: list[str], after: int, tags: list[str]) -> AppendConditionError:

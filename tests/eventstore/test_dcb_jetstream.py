@@ -132,3 +132,17 @@ async def test_a_condition_after_an_appends_position_holds_in_a_process_that_rem
             await fresh.dcb.append([tagged], condition=AppendCondition(query, first.position - 1))
         assert caught.value.position == first.position
         await fresh.dcb.append([tagged], condition=AppendCondition(query, first.position))
+
+
+async def test_an_index_read_by_its_back_pointers_and_scans_misses_nothing(dcb_store: EventStore) -> None:
+    query = Query.of(tags=["course:c1"])
+    written = []
+    for n in range(30):  # checked appends (back pointers), unchecked ones (none), and other tags between them
+        condition = AppendCondition(query, await dcb_store.last_position()) if n % 3 else None
+        written.append((await dcb_store.dcb.append([TaggedEvent(Blob(text=f"e{n}"), {"course:c1"})], condition=condition)).position)
+        await dcb_store.dcb.append([TaggedEvent(Blob(text="noise"), {"course:c2"})])
+    async with await EventStore.connect(dcb_store.settings) as fresh:  # remembers nothing
+        fresh.registry.register(Blob)
+        assert [e.position for e in (await fresh.dcb.read(query)).events] == written
+        assert [e.position for e in (await fresh.dcb.read(query, after=written[12])).events] == written[13:]
+        assert [e.position for e in (await fresh.dcb.read(query, after=written[12] - 1)).events] == written[12:]
