@@ -1,10 +1,10 @@
 """Reading one DCB index subject (``<prefix>_tags.<tag>``): by its back pointers where the server verified them.
 
 An index message whose tag the append also checked carries ``Es-Previous``: the positions of the subject's
-previous index messages, most recent first (up to :data:`~.wire.PREVIOUS_COMMITS`, ending with 0 at the
+previous index messages, most recent first (up to :data:`INDEX_POINTERS`, ending with 0 at the
 subject's start). The first of them is the check's expected sequence, which the server compared with the
 subject's last message in the same commit: the pointers never skip a message. So the subject is read from its
-last message (as the stream's leader knows it) back through the pointers, ``PREVIOUS_COMMITS`` messages per
+last message (as the stream's leader knows it) back through the pointers, ``INDEX_POINTERS`` messages per
 round trip of pipelined direct gets by sequence, whatever the stream's size. Below a message without pointers
 (its tag was written unchecked) the rest is scanned with ``next_by_subj``, whose cost grows with the span of the
 stream it crosses.
@@ -13,7 +13,7 @@ stream it crosses.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 from nats.aio.msg import Msg
 
@@ -21,7 +21,12 @@ from .append import Appender, LeaderWait
 from .errors import EventDecodeError, ServerUnavailableError
 from .wire import Header
 
-__all__ = ["Last", "index_messages", "pointers", "scan"]
+__all__ = ["INDEX_POINTERS", "Last", "index_messages", "pointers", "scan"]
+
+INDEX_POINTERS: Final = 16
+"""How many earlier index messages' positions an index message holds: a read fetches that many per round trip.
+Twice an entity commit's (:data:`~.wire.PREVIOUS_COMMITS`): an index message is otherwise empty, and a tag is
+read whole more often than an entity (about 8 bytes a pointer; bench_dcb measures both)."""
 
 
 class Last(NamedTuple):

@@ -50,7 +50,7 @@ from .dcb import (
     decode_tags,
     encode_tags,
 )
-from .dcb_index import Last, index_messages, pointers, scan
+from .dcb_index import INDEX_POINTERS, Last, index_messages, pointers, scan
 from .errors import (
     AppendConditionError,
     EventDecodeError,
@@ -62,7 +62,7 @@ from .errors import (
 from .events import NO_STREAM, AppendResult
 from .jetstream.api import ErrorCode, Subjects
 from .streams import StreamId, encode_entity_id
-from .wire import PREVIOUS_COMMITS, Header, decode_commit, escape_key, msg_id, note_of, utc_now_text
+from .wire import Header, decode_commit, escape_key, msg_id, note_of, utc_now_text
 
 if TYPE_CHECKING:
     from .store import EventStore
@@ -284,7 +284,7 @@ class JetStreamDcb:
             if subject in written:
                 # Checked on its own index message, which points back to the message the check names (and on
                 # through that one's pointers, when known): a chain the server verified (see .dcb_index).
-                chains[subject] = (0,) if value == 0 else (value, *(before or ())[:PREVIOUS_COMMITS - 1])
+                chains[subject] = (0,) if value == 0 else (value, *(before or ())[:INDEX_POINTERS - 1])
                 own = messages[1 + written.index(subject)][1]
                 own[Header.EXPECTED_LAST_SUBJECT_SEQUENCE] = str(value)
                 own[Header.PREVIOUS] = ",".join(map(str, chains[subject]))
