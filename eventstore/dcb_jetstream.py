@@ -13,8 +13,9 @@ An append of tagged events is one JetStream atomic batch (see docs/concepts/dcb.
    ``Nats-Expected-Last-Subject-Sequence-Subject`` when it rides on another message: on the tag's own index
    message when the append writes it (the server refuses a check of a subject the batch wrote before it), else on
    an index message without a check of its own, else on an empty carrier message. The expected value is the
-   subject's last sequence at or before ``after``; the server compares it in the batch's commit, under the
-   stream's lock, with every write to the subject since.
+   subject's last index message of a commit at or before ``after``; the server compares it in the batch's
+   commit, under the stream's lock, with every write to the subject since. A checked tag's own index message
+   also points back to that message (``Es-Previous``, see :mod:`.dcb_index`): reads walk those pointers.
 
 Only literal subjects are checked: a clustered stream's leader guards writes in flight per literal subject, so a
 wildcard filter could pass while an overlapping write is proposed but not yet applied.
@@ -25,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
-import uuid
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -60,7 +60,7 @@ from .errors import (
     map_nats_error,
 )
 from .events import NO_STREAM, AppendResult
-from .jetstream.api import ErrorCode, Subjects
+from .jetstream.api import Subjects
 from .streams import StreamId, encode_entity_id
 from .wire import Header, decode_commit, escape_key, msg_id, note_of, utc_now_text
 

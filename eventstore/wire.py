@@ -31,7 +31,9 @@ body is exactly the event's JSON. Headers:
 
 A DCB append (:mod:`.dcb_jetstream`) stores one such commit on ``<prefix>.Dcb.<append id>`` and, in the same
 atomic batch, an empty *index message* on ``<prefix>_tags.<tag>`` per tag, whose ``Es-Commit-Offset`` says how
-many positions after the commit it is stored and ``Es-Commit-Entity`` names the commit's subject's last token. Index subjects lie outside ``<prefix>.>``, so no reader of events
+many positions after the commit it is stored and ``Es-Commit-Entity`` names the commit's subject's last token;
+when the append checked that tag, ``Es-Previous`` holds the positions of the tag's previous index messages
+(see :mod:`.dcb_index`). Index subjects lie outside ``<prefix>.>``, so no reader of events
 sees them.
 
 Header values must reach the reader exactly as written, but nats-py strips
