@@ -17,11 +17,11 @@ from typing import Final, NamedTuple
 
 from nats.aio.msg import Msg
 
-from .append import Appender, LeaderWait
+from .append import MAX_ENTITIES_PER_APPEND, Appender, LeaderWait
 from .errors import EventDecodeError, ServerUnavailableError
 from .wire import Header
 
-__all__ = ["INDEX_POINTERS", "Last", "index_messages", "pointers", "scan"]
+__all__ = ["INDEX_POINTERS", "Last", "index_floor", "index_messages", "pointers", "scan"]
 
 INDEX_POINTERS: Final = 16
 """How many earlier index messages' positions an index message holds: a read fetches that many per round trip.
@@ -36,6 +36,13 @@ class Last(NamedTuple):
     seq: int
     commit: int
     headers: Mapping[str, str]
+
+
+def index_floor(after: int) -> int:
+    """The position below which no index message of a commit after ``after`` lies: an index message precedes its
+    commit within one atomic batch (at most :data:`~.append.MAX_ENTITIES_PER_APPEND` messages). ``after`` itself
+    when it ends a batch, as every position a read or an append returns does; this covers any other."""
+    return max(0, after - MAX_ENTITIES_PER_APPEND + 1)
 
 
 def pointers(headers: Mapping[str, str], seq: int) -> tuple[int, ...] | None:

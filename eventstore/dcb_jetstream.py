@@ -2,12 +2,13 @@
 
 An append of tagged events is one JetStream atomic batch (see docs/concepts/dcb.md for the design and its costs):
 
-1. the **commit**: the events, on ``<prefix>.Dcb.<append id>`` in the wire format of every commit (so
+1. last in the batch, the **commit**: the events, on ``<prefix>.Dcb.<append id>`` in the wire format of every commit (so
    ``read_all``, projections and Spark read DCB events as events of the entity ``Dcb/<append id>``), with
    ``Es-Tags``; it carries ``Nats-Expected-Last-Subject-Sequence: 0`` on its own subject, so an append id is
    stored once, however late a resend comes (the append id derives from the idempotency key);
-2. an empty **index message** on ``<prefix>_tags.<tag>`` per distinct tag of the append's events, stored right
-   after the commit (``Es-Commit-Offset`` says how far): outside ``<prefix>.>``, so no reader of events sees it;
+2. before it, an empty **index message** on ``<prefix>_tags.<tag>`` per distinct tag of the append's events
+   (``Es-Commit-Offset`` says how many positions before the commit): outside ``<prefix>.>``, so no reader of
+   events sees it, and the commit, carrying the batch's commit header, reads as a whole batch;
 3. the **checks** of the condition: for each checked tag (one per query item, :func:`~.dcb.check_tags`) a
    ``Nats-Expected-Last-Subject-Sequence`` of that tag's subject, with
    ``Nats-Expected-Last-Subject-Sequence-Subject`` when it rides on another message: on the tag's own index
@@ -33,7 +34,7 @@ from typing import TYPE_CHECKING
 from nats.aio.msg import Msg
 from nats.js.errors import NotFoundError
 
-from .append import EntityAppend, LeaderWait, _Conflict, build_commit, check_commit_size
+from .append import MAX_ENTITIES_PER_APPEND, EntityAppend, LeaderWait, _Conflict, build_commit, check_commit_size
 from .dcb import (
     DCB_CATEGORY,
     AppendCondition,
@@ -50,7 +51,7 @@ from .dcb import (
     decode_tags,
     encode_tags,
 )
-from .dcb_index import INDEX_POINTERS, Last, index_messages, pointers, scan
+from .dcb_index import INDEX_POINTERS, Last, index_floor, index_messages, pointers, scan
 from .errors import (
     AppendConditionError,
     EventDecodeError,
@@ -158,7 +159,7 @@ class JetStreamDcb:
         except NotFoundError:
             return Last(0, 0, {})
         seq, headers = int(msg.seq or 0), dict(msg.headers or {})
-        return Last(seq, seq - int(headers.get(Header.COMMIT_OFFSET, "0")), headers)
+        return Last(seq, seq + int(headers.get(Header.COMMIT_OFFSET, "0")), headers)
 
     # -- reading --------------------------------------------------------------
 
@@ -184,7 +185,7 @@ class JetStreamDcb:
                 subjects[f"{self._prefix}.{DCB_CATEGORY}.*"] = False
         lasts = await asyncio.gather(*(self._leader_last(s, what) for s in subjects))
         found = await asyncio.gather(*(
-            index_messages(appender, subject, last, after, timeout_s) if is_index
+            index_messages(appender, subject, last, index_floor(after), timeout_s) if is_index
             else scan(appender, subject, after, last.seq, timeout_s)
             for (subject, is_index), last in zip(subjects.items(), lasts)
         ))
@@ -193,7 +194,7 @@ class JetStreamDcb:
             seen: tuple[int, int, tuple[int, ...] | None] = (0, 0, (0,))
             for seq, headers in msgs:
                 if is_index:
-                    commit = seq - int(headers[Header.COMMIT_OFFSET])
+                    commit = seq + int(headers[Header.COMMIT_OFFSET])
                     candidates[commit] = f"{self._prefix}.{DCB_CATEGORY}.{headers[Header.COMMIT_ENTITY]}"
                     if seen[0] < seq <= head:
                         seen = (seq, commit, pointers(headers, seq))
@@ -268,24 +269,25 @@ class JetStreamDcb:
         commit.previous = (0,)
         headers, body = commit.encode(utc_now_text(), correlation, causation)
         headers[Header.TAGS] = encode_tags([e.tags for e in events])
-        messages = [(commit.subject, headers, body)]
         written = sorted({index_subject(self._prefix, t) for e in events for t in e.tags})
-        # No msg ids on the index messages: the commit's deduplicates the whole batch (the server refuses a batch
-        # holding a known msg id), and its own check stores it once at any age. Saves ~50 bytes a message.
-        for i, subject in enumerate(written, start=1):
-            messages.append((subject, {Header.COMMIT_OFFSET: str(i), Header.COMMIT_ENTITY: stream_id.subject(self._prefix).rpartition(".")[2]}, b""))
+        # The index messages first, the commit last: a reader of the event subjects meets the commit as a whole
+        # batch (it carries the batch's commit header), and an append's position ends its batch. No msg ids on
+        # the index messages: the commit's deduplicates the whole batch (the server refuses a batch holding a
+        # known msg id), and its own check stores it once at any age.
+        entity = stream_id.subject(self._prefix).rpartition(".")[2]
+        messages = [(subject, {Header.COMMIT_ENTITY: entity}, b"") for subject in written]
         checked = [] if condition is None else check_tags(condition.query)
         batch_messages(events, checked)
         subjects = [index_subject(self._prefix, t) for t in checked]
         expected = await self._expected(subjects, condition.after if condition else 0, checked)
-        free = [m for m in messages[1:] if m[0] not in expected]
+        free = [m for m in messages if m[0] not in expected]
         chains: dict[str, tuple[int, ...]] = {}
         for subject, (value, _, before) in expected.items():
             if subject in written:
                 # Checked on its own index message, which points back to the message the check names (and on
                 # through that one's pointers, when known): a chain the server verified (see .dcb_index).
                 chains[subject] = (0,) if value == 0 else (value, *(before or ())[:INDEX_POINTERS - 1])
-                own = messages[1 + written.index(subject)][1]
+                own = messages[written.index(subject)][1]
                 own[Header.EXPECTED_LAST_SUBJECT_SEQUENCE] = str(value)
                 own[Header.PREVIOUS] = ",".join(map(str, chains[subject]))
                 continue
@@ -295,9 +297,12 @@ class JetStreamDcb:
             carrier = free.pop(0)[1]
             carrier[Header.EXPECTED_LAST_SUBJECT_SEQUENCE] = str(value)
             carrier[Header.EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT] = subject
+        for i, (_, index_headers, _) in enumerate(messages):
+            index_headers[Header.COMMIT_OFFSET] = str(len(messages) - i)  # how many positions before the commit
+        messages.append((commit.subject, headers, body))
 
         def check_size(sent: list[tuple[str, dict[str, str], bytes]]) -> None:
-            check_commit_size(commit, sent[0][1], sent[0][2], self._store.nc.max_payload)
+            check_commit_size(commit, sent[-1][1], sent[-1][2], self._store.nc.max_payload)
 
         async def stored() -> bool:
             return await self._stored(stream_id) is not None
@@ -317,14 +322,15 @@ class JetStreamDcb:
                     "Use one key per append."
                 ) from None
             raise await self._conflict(subjects, condition.after if condition else 0, checked) from None
-        last = int(ack["seq"])
-        position = last - len(messages) + 1
+        position = int(ack["seq"])  # the commit's, the batch's last
         if ack.get("duplicate"):
             found = await self._stored(stream_id)
             assert found is not None
             return found
-        for i, subject in enumerate(written, start=1):
-            self._learn(subject, position + i, position, last, chains.get(subject))
+        first = position - len(messages) + 1
+        last = position
+        for i, subject in enumerate(written):
+            self._learn(subject, first + i, position, last, chains.get(subject))
         for subject, (value, at, before) in expected.items():
             if subject not in written:
                 self._learn(subject, value, at, last, before)
@@ -367,12 +373,14 @@ class JetStreamDcb:
         behind the leader that refused the append does not hold it yet)."""
         firsts = []
         for subject in subjects:
-            # Two: the first may be the index message of a commit at or before ``after`` (one batch at most
-            # straddles a position: batches are stored whole and in one piece).
+            # An index message precedes its commit: the first one of a commit after ``after`` lies after the
+            # stream's last whole batch before it, at most a batch's length before ``after`` (when ``after`` is
+            # not the end of a batch: every position reads and appends return is).
             msgs = await self._store._appender.direct_get(
-                {"seq": after + 1, "next_by_subj": subject, "batch": 2}, what="Finding a DCB conflict"
+                {"seq": index_floor(after) + 1, "next_by_subj": subject, "batch": MAX_ENTITIES_PER_APPEND},
+                what="Finding a DCB conflict",
             )
-            commits = [int((m.headers or {})[Header.SEQUENCE]) - int((m.headers or {}).get(Header.COMMIT_OFFSET, "0"))
+            commits = [int((m.headers or {})[Header.SEQUENCE]) + int((m.headers or {}).get(Header.COMMIT_OFFSET, "0"))
                        for m in msgs]
             firsts += [c for c in commits if c > after][:1]
         return AppendConditionError(after, min(firsts) if firsts else None, tags)

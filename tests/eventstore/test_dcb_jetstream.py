@@ -102,7 +102,9 @@ async def test_a_retry_after_the_server_forgot_the_message_ids_still_stores_noth
 async def test_index_messages_stay_off_the_event_subjects(dcb_store: EventStore) -> None:
     result = await dcb_store.dcb.append([TaggedEvent(Blob(text="x"), {"a", "b", "c"})],
                                         condition=AppendCondition(Query.of(tags=["d"]) | Query.of(tags=["e"])))
-    assert await dcb_store.last_position() > result.position  # three index messages after the commit
+    assert result.position == await dcb_store.last_position() == 4  # three index messages, then the commit
+    commit = await dcb_store.nc.jetstream().get_msg(dcb_store.settings.stream, result.position)
+    assert (commit.headers or {}).get("Nats-Batch-Commit") == "1"  # a reader of events meets it as a whole batch
     assert [(e.position, e.type) async for batch in dcb_store.read_all() for e in batch] == [(result.position, "Blob")]
     assert [(e.position, e.type) async for batch in dcb_store.read_all(categories=["Dcb"]) for e in batch] == [
         (result.position, "Blob")]
@@ -117,7 +119,7 @@ async def test_a_stream_without_the_index_subjects_is_refused_until_they_are_add
     assert await store.last_position() == 0
     await store.dcb.ensure_index()
     await store.ensure_stream()  # the stream, index subjects added, still passes the event store's checks
-    assert (await store.dcb.append([TaggedEvent(Blob(text="x"), {"a"})])).position == 1
+    assert (await store.dcb.append([TaggedEvent(Blob(text="x"), {"a"})])).position == 2  # after its index message
 
 
 async def test_a_condition_after_an_appends_position_holds_in_a_process_that_remembers_nothing(
