@@ -348,8 +348,8 @@ class JetStreamDcb:
     ) -> dict[str, tuple[int, int, tuple[int, ...] | None]]:
         """Each checked subject's last message of a commit at or before ``after``, that commit's position and the
         message's back pointers (None: unknown): remembered, else asked of the leader; :class:`AppendConditionError` at once when the leader already holds
-        one of a later commit. (A commit's index messages follow it: the one of a commit at ``after`` may lie
-        after ``after``.)"""
+        one of a later commit. (A commit's index messages precede it: one at or before ``after`` may belong to a
+        commit after it, when ``after`` does not end a batch.)"""
         expected: dict[str, tuple[int, int, tuple[int, ...] | None]] = {}
         missing: list[str] = []
         for subject in subjects:

@@ -29,9 +29,10 @@ body is exactly the event's JSON. Headers:
 ``Es-Tags``                 a DCB commit's tags, per event (see :func:`.dcb.encode_tags`)
 ==========================  ====================================================
 
-A DCB append (:mod:`.dcb_jetstream`) stores one such commit on ``<prefix>.Dcb.<append id>`` and, in the same
-atomic batch, an empty *index message* on ``<prefix>_tags.<tag>`` per tag, whose ``Es-Commit-Offset`` says how
-many positions after the commit it is stored and ``Es-Commit-Entity`` names the commit's subject's last token;
+A DCB append (:mod:`.dcb_jetstream`) stores one such commit on ``<prefix>.Dcb.<append id>``, last in an atomic
+batch that first holds an empty *index message* on ``<prefix>_tags.<tag>`` per tag, whose ``Es-Commit-Offset``
+says how many positions before the commit it is stored and ``Es-Commit-Entity`` names the commit's subject's
+last token;
 when the append checked that tag, ``Es-Previous`` holds the positions of the tag's previous index messages
 (see :mod:`.dcb_index`). Index subjects lie outside ``<prefix>.>``, so no reader of events
 sees them.
