@@ -129,11 +129,17 @@ class Decisions:
                         states[name] = fold.apply(states[name], event)
             try:
                 outcome = decide(states)
-                events = list(await outcome if inspect.isawaitable(outcome) else outcome)
+                returned = await outcome if inspect.isawaitable(outcome) else outcome
             except Exception:
                 if command_id is not None and (stored := await self._stored(command_id)) is not None:
                     return stored
                 raise
+            if isinstance(returned, (str, bytes, TaggedEvent)) or not isinstance(returned, Sequence):
+                raise InvalidArgumentError(
+                    f"decide returned {returned!r:.80}; it must return a list of TaggedEvent (empty: nothing to store). "
+                    "Nothing was stored."
+                )
+            events = list(returned)
             if not events:
                 stored = await self._stored(command_id) if command_id is not None else None
                 return stored or DecisionResult(read.position, 0, attempts=attempts)

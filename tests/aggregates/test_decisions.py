@@ -132,6 +132,16 @@ async def test_bad_arguments_are_refused_before_anything_is_read(folds: Any, dec
         await Decisions(InMemoryEventStore()).execute(folds, decide)
 
 
+@pytest.mark.parametrize("returned", [None, TaggedEvent(UsernameClaimed(username="a", user="u")), "events", [5]])
+async def test_a_decision_returning_no_list_of_tagged_events_stores_nothing(returned: Any) -> None:
+    memory = InMemoryEventStore()
+    register(memory.registry)
+    fold = Fold(Query.of(tags=["username:a"]), 0, lambda n, _: n + 1)
+    with pytest.raises(InvalidArgumentError):
+        await Decisions(memory).execute({"n": fold}, lambda state: returned)
+    assert await memory.last_position() == 0
+
+
 def test_a_fold_checks_its_parts() -> None:
     with pytest.raises(InvalidArgumentError, match="Query"):
         Fold("course:c1", 0, lambda n, _: n)  # type: ignore[arg-type]

@@ -273,3 +273,15 @@ async def test_a_condition_after_an_appends_own_position_counts_the_append_as_re
     assert caught.value.position == first.position
     second = await dcb.append([subscribed("s1", "c2")], condition=AppendCondition(query, first.position))
     await dcb.append([subscribed("s1", "c3")], condition=AppendCondition(query, second.position))
+
+
+async def test_find_append_tells_what_a_key_stored(stores: Stores) -> None:
+    dcb = stores.dcb
+    stored = await dcb.append([course("c1")], idempotency_key="define-c1", note="made")
+    found = await dcb.find_append("define-c1")
+    assert found is not None and (found.position, found.count, found.duplicate, found.note) == (
+        stored.position, 1, True, "made")
+    assert await dcb.find_append("define-c2") is None
+    for bad in ("", 5, None):
+        with pytest.raises(InvalidArgumentError):
+            await dcb.find_append(bad)  # type: ignore[arg-type]
