@@ -38,6 +38,8 @@ from eventstore import (
     TaggedEvent,
 )
 
+from eventstore.wire import check_idempotency_key, check_metadata
+
 from .commands import RetryPolicy
 
 __all__ = ["DecisionResult", "Decisions", "Fold"]
@@ -87,6 +89,12 @@ class Decisions:
     """
 
     def __init__(self, store: _HasDcb, *, retry: RetryPolicy | None = None) -> None:
+        if not hasattr(store, "dcb"):
+            raise InvalidArgumentError(
+                f"Invalid store {store!r:.80}: give an EventStore or an InMemoryEventStore (it has .dcb)."
+            )
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise InvalidArgumentError(f"Invalid retry {retry!r:.80}: give a RetryPolicy or None.")
         self.store = store
         self.retry = retry or RetryPolicy()
 
@@ -116,6 +124,9 @@ class Decisions:
             raise InvalidArgumentError(f"Invalid folds {folds!r:.80}; give a dict of name -> Fold, at least one.")
         if not callable(decide):
             raise InvalidArgumentError(f"Invalid decide {decide!r:.80}; give a function of the states' dict.")
+        check_idempotency_key(command_id)  # before anything is read, as every store's checks
+        check_metadata("correlation_id", correlation_id)
+        check_metadata("causation_id", causation_id)
         query = Query(tuple(item for fold in folds.values() for item in fold.query.items))
         dcb = self.store.dcb
         attempts = 0

@@ -121,15 +121,44 @@ async def test_a_command_gives_up_after_the_retry_attempts(courses: Courses) -> 
     assert next(runs) == 2
 
 
-@pytest.mark.parametrize(("folds", "decide"), [
-    ({}, lambda s: []),
-    ([Fold(Query.all(), 0, lambda n, _: n)], lambda s: []),
-    ({"a": Query.all()}, lambda s: []),
-    ({"a": Fold(Query.all(), 0, lambda n, _: n)}, "decide"),
+class CountingLog:
+    """An in-memory store that counts the reads of its DCB log."""
+
+    def __init__(self) -> None:
+        self.memory = InMemoryEventStore()
+        self.reads = 0
+        self.dcb = self
+
+    async def read(self, *args: Any, **kwargs: Any) -> Any:
+        self.reads += 1
+        return await self.memory.dcb.read(*args, **kwargs)
+
+
+ANY_FOLD = {"a": Fold(Query.all(), 0, lambda n, _: n)}
+
+
+@pytest.mark.parametrize(("folds", "decide", "options"), [
+    ({}, lambda s: [], {}),
+    ([Fold(Query.all(), 0, lambda n, _: n)], lambda s: [], {}),
+    ({"a": Query.all()}, lambda s: [], {}),
+    (ANY_FOLD, "decide", {}),
+    (ANY_FOLD, lambda s: [], {"command_id": ""}),
+    (ANY_FOLD, lambda s: [], {"command_id": 7}),
+    (ANY_FOLD, lambda s: [], {"correlation_id": "a\nb"}),
+    (ANY_FOLD, lambda s: [], {"causation_id": " x"}),
 ])
-async def test_bad_arguments_are_refused_before_anything_is_read(folds: Any, decide: Any) -> None:
+async def test_bad_arguments_are_refused_before_anything_is_read(folds: Any, decide: Any, options: Any) -> None:
+    store = CountingLog()
     with pytest.raises(InvalidArgumentError):
-        await Decisions(InMemoryEventStore()).execute(folds, decide)
+        await Decisions(store).execute(folds, decide, **options)  # type: ignore[arg-type]
+    assert store.reads == 0
+
+
+def test_a_decision_model_checks_its_store_and_retry_policy() -> None:
+    with pytest.raises(InvalidArgumentError, match="store"):
+        Decisions(object())  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="RetryPolicy"):
+        Decisions(InMemoryEventStore(), retry=5)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("returned", [None, TaggedEvent(UsernameClaimed(username="a", user="u")), "events", [5]])
