@@ -5,7 +5,8 @@ then ``aggregate.py`` (:class:`Aggregate`, ``@applies``), ``repository.py``
 (loading, saving, :meth:`Repository.execute`), ``commands.py`` (retries and
 results), ``snapshots.py``, ``upcasting.py`` and ``errors.py``. Commands over
 NATS: ``service.py`` (:class:`CommandService`), ``client.py``
-(:class:`CommandClient`) and their wire format, ``command_messages.py``. The
+(:class:`CommandClient`) and their wire format, ``command_messages.py``. Commands decided on the events of
+queries across entities (dynamic consistency boundaries): ``decisions.py``. The
 application object: ``application.py``; given/when/then tests: ``testing.py``.
 
 Example::
@@ -37,6 +38,7 @@ from .aggregate import Aggregate, applies
 from .application import Application, new_id
 from .client import CommandClient, CommandReply
 from .commands import CacheStats, CommandResult, RetryPolicy
+from .decisions import DecisionResult, Decisions, Fold
 from .errors import (
     AggregateDefinitionError,
     AggregateError,
@@ -79,8 +81,11 @@ __all__ = [
     "CommandService",
     "CommandUnavailableError",
     "DEFAULT_PARTITIONS",
+    "DecisionResult",
+    "Decisions",
     "DomainError",
     "DomainEvent",
+    "Fold",
     "InvalidAggregateIdError",
     "InvalidCommandError",
     "InvalidStoredEventError",

@@ -9,12 +9,17 @@ nats-server, and a cluster of them), ``security.py`` and ``connection.py`` (cred
 nats-py connection), ``validation.py`` (the public arguments' checks),
 ``stream_check.py`` (which stream settings keep acknowledged events),
 ``tasks.py`` (stopping background tasks for sure, retry backoff) and
-``errors.py``.
+``errors.py``. Dynamic consistency boundaries (tagged events, queries, conditions the server checks):
+``dcb.py``, then ``dcb_jetstream.py`` and ``dcb_memory.py``.
 """
 
 from .append import MAX_ENTITIES_PER_APPEND, EntityAppend
 from .cluster import EmbeddedCluster
+from .dcb import AppendCondition, DcbLog, Query, QueryItem, QueryResult, SequencedEvent, TaggedEvent
+from .dcb_jetstream import JetStreamDcb
+from .dcb_memory import InMemoryDcb
 from .errors import (
+    AppendConditionError,
     AuthenticationError,
     ConcurrencyError,
     EventDecodeError,
@@ -29,6 +34,7 @@ from .errors import (
     ServerUnavailableError,
     StorageError,
     StreamConfigError,
+    UncheckableQueryError,
     UnknownEventTypeError,
 )
 from .loading import import_object
@@ -47,11 +53,14 @@ from .wire import Header, decode_commit, encode_commit
 
 __all__ = [
     "ANY",
+    "AppendCondition",
+    "AppendConditionError",
     "AppendResult",
     "AuthenticationError",
     "Backoff",
     "ConcurrencyError",
     "ConnectionSecurity",
+    "DcbLog",
     "EmbeddedCluster",
     "EmbeddedServer",
     "EntityAppend",
@@ -67,16 +76,22 @@ __all__ = [
     "Header",
     "HistoryGapError",
     "ImportPathError",
+    "InMemoryDcb",
     "InMemoryEventStore",
     "InvalidArgumentError",
     "InvalidEventError",
     "InvalidStreamIdError",
+    "JetStreamDcb",
     "MAX_ENTITIES_PER_APPEND",
     "NO_STREAM",
     "Outage",
     "Pending",
+    "Query",
+    "QueryItem",
+    "QueryResult",
     "RecordedEvent",
     "Replayed",
+    "SequencedEvent",
     "ServerUnavailableError",
     "StorageError",
     "StoreInfo",
@@ -84,7 +99,9 @@ __all__ = [
     "StreamConfigError",
     "StreamId",
     "StreamState",
+    "TaggedEvent",
     "TypeRegistry",
+    "UncheckableQueryError",
     "UnknownEventTypeError",
     "Upcaster",
     "connect_options",

@@ -50,9 +50,9 @@ import random
 import secrets
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -684,10 +684,6 @@ class Appender:
                 self.remember(r.stream_id, r.last_version, r.position, c.previous)
             return results
 
-    def _check_size(self, commits: list[_Commit], encoded: list[tuple[dict[str, str], bytes]]) -> None:
-        for c, (headers, body) in zip(commits, encoded):
-            check_commit_size(c, headers, body, self._nc.max_payload)
-
     async def _publish(
         self, commits: list[_Commit], correlation_id: str | None, causation_id: str | None
     ) -> tuple[list[int], bool]:
@@ -695,28 +691,62 @@ class Appender:
         for c in commits:
             c.previous = self.back_pointers(c.request.stream_id, c.prev_position)
         encoded = [c.encode(recorded_at, correlation_id, causation_id) for c in commits]
+
+        def check_size(sent: list[tuple[str, dict[str, str], bytes]]) -> None:
+            for c, (_, headers, body) in zip(commits, sent):
+                check_commit_size(c, headers, body, self._nc.max_payload)
+
+        async def stored() -> bool:
+            return await self._find_stored(commits) is not None
+
+        ack = await self.send(
+            [(c.subject, headers, body) for c, (headers, body) in zip(commits, encoded)],
+            target=str(commits[-1].request.stream_id), others=f"{len(commits) - 1} other entities",
+            check_size=check_size, stored=stored,
+        )
+        last = int(ack["seq"])
+        return [last - len(commits) + 1 + i for i in range(len(commits))], bool(ack.get("duplicate"))
+
+    async def send(
+        self,
+        messages: list[tuple[str, dict[str, str], bytes]],
+        *,
+        target: str,
+        others: str,
+        check_size: Callable[[list[tuple[str, dict[str, str], bytes]]], None],
+        stored: Callable[[], Awaitable[bool]],
+    ) -> dict[str, Any]:
+        """Send (subject, headers, body) messages as one commit (one message, or an atomic batch of them) and
+        return the server's acknowledgement, resending as the module docs say.
+
+        ``target`` names what is appended to ("Account/42"), ``others`` what else the batch holds ("2 other
+        entities"), both for the errors; ``check_size`` refuses messages too large before the first send;
+        ``stored()`` says whether the append is stored (asked to tell a failed disk from a lost server).
+        A failed concurrency check raises ``_Conflict``, a msg id the server already stored in a batch
+        ``_Conflict(duplicate_id=True)``; other refusals raise typed errors.
+        """
         attempts = self._settings.append_retries + 1
         wait = LeaderWait(self._settings.request_timeout_s)
         attempt = unanswered = incomplete = 0
+        what = f"Appending to {target}"
         while True:
-            if len(commits) > 1:
+            if len(messages) > 1:
                 batch_id = uuid.uuid4().hex  # a batch id per send: the server refuses reused ones; msg ids dedupe
-                for i, (headers, _) in enumerate(encoded, start=1):
+                for i, (_, headers, _) in enumerate(messages, start=1):
                     headers[Header.BATCH_ID] = batch_id
                     headers[Header.BATCH_SEQUENCE] = str(i)
-                encoded[-1][0][Header.BATCH_COMMIT] = "1"
+                messages[-1][1][Header.BATCH_COMMIT] = "1"
             if attempt == 0:
-                self._check_size(commits, encoded)  # resends differ only in the batch id, of the same length
+                check_size(messages)  # resends differ only in the batch id, of the same length
             try:
-                for c, (headers, body) in zip(commits[:-1], encoded[:-1]):
-                    await self._nc.publish(c.subject, body, headers=headers)
+                for subject, headers, body in messages[:-1]:
+                    await self._nc.publish(subject, body, headers=headers)
+                subject, headers, body = messages[-1]
                 (reply,) = await self._inbox.request(
-                    commits[-1].subject, encoded[-1][1], self._settings.request_timeout_s, headers=encoded[-1][0],
-                    what=f"Appending to {commits[-1].request.stream_id}",
+                    subject, body, self._settings.request_timeout_s, headers=headers, what=what,
                 )
             except (ConnectionClosedError, EventStoreClosedError) as exc:
                 # Closed (by the store, or for good after an outage): waiting cannot help, nothing more may be sent.
-                what = f"Appending to {commits[-1].request.stream_id}"
                 if self._inbox.closed:
                     raise EventStoreClosedError(f"{store_closed(what)} {_what_was_stored(unanswered > 0)}") from exc
                 raise ServerUnavailableError(
@@ -728,27 +758,27 @@ class Appender:
                     await _back_off(unanswered)
                     attempt += 1
                     continue  # resend: the msg ids make a resend safe
-                raise await self._unacknowledged_error(commits, attempts) from exc
+                raise await self._unacknowledged_error(target, stored, attempts) from exc
             if _no_responders(reply):
                 # Nobody received it: no leader for the stream just now (an election), or no stream at all.
-                await self._await_leader(wait, f"Appending to {commits[-1].request.stream_id}", resent=unanswered > 0)
+                await self._await_leader(wait, what, resent=unanswered > 0)
                 attempt += 1
                 continue
             try:
-                return self._parse_ack(reply, commits, resent=unanswered > 0)
+                return self._parse_ack(reply, target, others, resent=unanswered > 0)
             except _Incomplete:
                 incomplete += 1
                 if incomplete < attempts:  # a restart lost the staged batch: a resend heals it; a failed disk does not
                     await _back_off(incomplete)
                     attempt += 1
                     continue
-                raise await self._incomplete_error(commits, attempts, resent=unanswered > 0) from None
+                raise await self._incomplete_error(target, others, stored, attempts, resent=unanswered > 0) from None
             except _NotNow as exc:
                 if await wait.again():
                     attempt += 1
                     continue
                 raise ServerUnavailableError(
-                    f"Appending to {commits[-1].request.stream_id}: the server could not decide the append for "
+                    f"{what}: the server could not decide the append for "
                     f"{self._settings.request_timeout_s}s: {exc} (a write in flight that its stream's replicas have "
                     "not confirmed: an earlier send of this append, or another writer's). "
                     + ("An earlier send of this append may yet be stored: retry with the same idempotency key to find "
@@ -801,7 +831,9 @@ class Appender:
             )
         return None
 
-    async def _unacknowledged_error(self, commits: list[_Commit], attempts: int) -> ServerUnavailableError:
+    async def _unacknowledged_error(
+        self, entity: str, stored: Callable[[], Awaitable[bool]], attempts: int
+    ) -> ServerUnavailableError:
         """The error of an append no send of which was answered.
 
         A :class:`StorageError` when the server answers other requests promptly (within half of
@@ -809,8 +841,7 @@ class Appender:
         an answer, every write to a stream whose storage failed a write (disk full, read-only), until it restarts.
         (A replicated stream's leader steps down on a write error instead.) Else a :class:`ServerUnavailableError`.
         """
-        entity = commits[-1].request.stream_id
-        if not await self._storage_failed(commits):
+        if not await self._storage_failed(stored):
             return ServerUnavailableError(
                 f"The server did not acknowledge the append to {entity} after {attempts} tries. It may or may not be "
                 "stored; retry with the same idempotency key to find out safely."
@@ -821,16 +852,18 @@ class Appender:
             "acknowledged event stays stored."
         )
 
-    async def _incomplete_error(self, commits: list[_Commit], attempts: int, *, resent: bool) -> ServerUnavailableError:
+    async def _incomplete_error(
+        self, target: str, others: str, stored_now: Callable[[], Awaitable[bool]], attempts: int, *, resent: bool
+    ) -> ServerUnavailableError:
         """The error of an atomic append every send of which the server refused as incomplete.
 
         A :class:`StorageError` when the stream's storage has most likely failed (as for
         :meth:`_unacknowledged_error`): nats-server stages a batch on the stream's disk and refuses its commit when
         it could not. Else a :class:`ServerUnavailableError`: the server lost the staged batch (restarts).
         """
-        batch = f"the atomic append to {commits[-1].request.stream_id} and {len(commits) - 1} other entities"
+        batch = f"the atomic append to {target} and {others}"
         stored = _what_was_stored(resent)
-        if await self._storage_failed(commits):
+        if await self._storage_failed(stored_now):
             return StorageError(
                 f"The server answers, but refused {batch} as incomplete in {attempts} tries: {_STORAGE_FAILED} "
                 f"{stored} Every acknowledged event stays stored."
@@ -840,25 +873,24 @@ class Appender:
             f"commit (it restarted, or could not stage the batch on its disk). {stored} Retry the append."
         )
 
-    async def _storage_failed(self, commits: list[_Commit]) -> bool:
+    async def _storage_failed(self, stored: Callable[[], Awaitable[bool]]) -> bool:
         """Whether the server answers promptly (within half of ``request_timeout_s``), the stream has one replica
-        and ``commits`` are not stored: the signs of a stream whose storage failed a write."""
+        and the append is not ``stored()``: the signs of a stream whose storage failed a write."""
         timeout_s = self._settings.request_timeout_s
         if not self._nc.is_connected:  # reconnecting: the server is lost, not its disk
             return False
         try:
             async with asyncio.timeout(timeout_s / 2):
                 info = await self._nc.jetstream(timeout=timeout_s).stream_info(self._settings.stream)
-                return info.config.num_replicas == 1 and await self._find_stored(commits) is None
+                return info.config.num_replicas == 1 and not await stored()
         except (EventStoreError, NatsError, asyncio.TimeoutError):
             return False  # unknown: the server is not answering either
 
-    def _parse_ack(self, reply: Msg, commits: list[_Commit], *, resent: bool) -> tuple[list[int], bool]:
-        ack = json.loads(reply.data)
+    def _parse_ack(self, reply: Msg, target: str, others: str, *, resent: bool) -> dict[str, Any]:
+        ack: dict[str, Any] = json.loads(reply.data)
         error = ack.get("error")
         if error is None:
-            last = int(ack["seq"])
-            return [last - len(commits) + 1 + i for i in range(len(commits))], bool(ack.get("duplicate"))
+            return ack
         code = error.get("err_code")
         if code == ErrorCode.WRONG_LAST_SEQUENCE:
             raise _Conflict
@@ -876,7 +908,7 @@ class Appender:
         )
         if code == ErrorCode.INSUFFICIENT_RESOURCES:
             raise StorageError(
-                f"The server refused the append to {commits[-1].request.stream_id}: JetStream's storage limit is "
+                f"The server refused the append to {target}: JetStream's storage limit is "
                 f"reached ({description}). {stored} Every acknowledged event stays stored. Raise max_file_store in the "
                 "jetstream block of the server's configuration (by default 75% of the disk's free space when the "
                 "server started) or move its store_dir to a bigger disk, and restart the server."
@@ -894,8 +926,8 @@ class Appender:
             raise _Incomplete
         if code == ErrorCode.BATCH_TOO_MANY_INFLIGHT:
             raise ServerUnavailableError(
-                f"The server refused the atomic append to {commits[-1].request.stream_id} and {len(commits) - 1} "
-                f"other entities: too many atomic batches are in flight on the stream. {stored} Retry after a pause."
+                f"The server refused the atomic append to {target} and {others}: too many atomic batches are in "
+                f"flight on the stream. {stored} Retry after a pause."
             )
         if code == ErrorCode.ATOMIC_DISABLED or ("atomic" in description and "disabled" in description):
             raise StreamConfigError(

@@ -5,7 +5,9 @@ what was wrong and what to do about it::
 
     EventStoreError
     ├── InvalidArgumentError      a call's argument has the wrong type or value (also TypeError, ValueError)
+    │   └── UncheckableQueryError a DCB append condition's query has a shape the server cannot check
     ├── ConcurrencyError          an append's expected version did not hold
+    ├── AppendConditionError      a DCB append's condition failed: a matching event was stored after it read
     ├── InvalidStreamIdError      a category or entity id cannot name a stream
     ├── InvalidEventError         an event cannot be stored (bad type name, empty append, ...)
     │   └── EventTooLargeError    a commit exceeds the server's max payload
@@ -39,6 +41,7 @@ if TYPE_CHECKING:
     from .streams import StreamId
 
 __all__ = [
+    "AppendConditionError",
     "AuthenticationError",
     "ConcurrencyError",
     "EventDecodeError",
@@ -53,6 +56,7 @@ __all__ = [
     "ServerUnavailableError",
     "StorageError",
     "StreamConfigError",
+    "UncheckableQueryError",
     "UnknownEventTypeError",
     "map_nats_error",
     "not_now_answer",
@@ -94,6 +98,32 @@ class ConcurrencyError(EventStoreError):
         super().__init__(
             f"Concurrency conflict on {stream_id}: expected version {expected}, but it is at version "
             f"{actual_text}. Nothing was stored; reload the entity and retry the command."
+        )
+
+
+class UncheckableQueryError(InvalidArgumentError):
+    """A DCB append condition's query has an item the server cannot check (one without tags); nothing was sent.
+
+    Such a query can be read, but not used as a condition: tag the events a decision depends on.
+    """
+
+
+class AppendConditionError(EventStoreError):
+    """A DCB append's condition failed: an event its query matches (or, as the server checks it, one sharing a
+    checked tag) was stored after ``after``; nothing of the append was stored.
+
+    ``after`` is the condition's position, ``position`` the position of the first such event (None when the
+    server's answer did not let it be found). Read the query again and decide again (a decision model does).
+    """
+
+    def __init__(self, after: int, position: int | None, tags: list[str]) -> None:
+        self.after = after
+        self.position = position
+        self.tags = tags
+        where = "at an unknown position" if position is None else f"at position {position}"
+        super().__init__(
+            f"Append condition failed: an event tagged with one of {tags} was stored {where}, after position "
+            f"{after} that the decision read up to. Nothing was stored; read the query again and decide again."
         )
 
 

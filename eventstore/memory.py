@@ -23,6 +23,7 @@ from types import TracebackType
 from pydantic import BaseModel
 
 from .append import EntityAppend, build_commit, check_append, check_commit_size
+from .dcb_memory import InMemoryDcb
 from .errors import ConcurrencyError, InvalidEventError
 from .events import ANY, NO_STREAM, AppendResult, ExpectedVersion, RecordedEvent, StreamState
 from .registry import TypeRegistry
@@ -58,6 +59,7 @@ class InMemoryEventStore:
         self._commits: list[list[RecordedEvent]] = []  # by position - 1
         self._entities: dict[StreamId, list[int]] = {}  # an entity's commit positions, in order
         self._keys: dict[str, tuple[frozenset[StreamId], list[AppendResult], str | None]] = {}
+        self._dcb: InMemoryDcb | None = None
 
     # -- writing ------------------------------------------------------------
 
@@ -115,16 +117,31 @@ class InMemoryEventStore:
         encoded = [c.encode(recorded_at, correlation, causation) for c in commits]
         for commit, (headers, body) in zip(commits, encoded):
             check_commit_size(commit, headers, body, self.max_payload)
-        results = []
-        for commit, (headers, body) in zip(commits, encoded):
-            position = len(self._commits) + 1
-            stream_id = commit.request.stream_id
-            self._commits.append(decode_commit(stream_id, position, headers, body, self.registry))
-            self._entities.setdefault(stream_id, []).append(position)
-            results.append(commit.result(position, False))
+        results = [commit.result(self.record(commit.request.stream_id, headers, body), False)
+                   for commit, (headers, body) in zip(commits, encoded)]
         if key is not None:
             self._keys[key] = (frozenset(r.stream_id for r in requests), results, note)
         return results
+
+    def events_at(self, position: int) -> list[RecordedEvent]:
+        """The events of the commit at ``position`` (1 to :meth:`last_position`)."""
+        return self._commits[position - 1]
+
+    def record(self, stream_id: StreamId, headers: dict[str, str], body: bytes) -> int:
+        """Store one encoded commit of ``stream_id`` at the next position (read back through the real decoder);
+        its position. For the stores built on this one (:class:`~eventstore.dcb_memory.InMemoryDcb`)."""
+        position = len(self._commits) + 1
+        self._commits.append(decode_commit(stream_id, position, headers, body, self.registry))
+        self._entities.setdefault(stream_id, []).append(position)
+        return position
+
+    @property
+    def dcb(self) -> "InMemoryDcb":
+        """Reads by query and conditional appends of tagged events (:class:`~eventstore.dcb.DcbLog`), in
+        memory, on this store's positions: ``read_all`` sees DCB events as the real store's readers do."""
+        if self._dcb is None:
+            self._dcb = InMemoryDcb(self)
+        return self._dcb
 
     def _check_expected(self, request: EntityAppend) -> tuple[int, int]:
         """The entity's (version, position), if it is where ``request`` expects it; else ConcurrencyError."""

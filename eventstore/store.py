@@ -38,6 +38,7 @@ from pydantic import BaseModel
 from . import nats_options, security
 from .append import Appender, EntityAppend
 from .connection import connect as connect_nats
+from .dcb_jetstream import JetStreamDcb
 from .errors import AuthenticationError, InvalidArgumentError, ServerUnavailableError, StreamConfigError, map_nats_error
 from .events import ANY, AppendResult, ExpectedVersion, RecordedEvent, StreamState
 from .jetstream.inbox import Inbox
@@ -197,6 +198,7 @@ class EventStore:
         self.server = server
         self._inbox = Inbox(nc)
         self._appender = Appender(nc, self._inbox, self.settings, self.registry)
+        self._dcb: JetStreamDcb | None = None
         self._replays = SharedConnection(
             self._servers, replay_security, self.settings.request_timeout_s, f"{self.settings.connect_name}-replay",
             ping_interval_s=self.settings.ping_interval_s, max_outstanding_pings=self.settings.max_outstanding_pings,
@@ -385,6 +387,14 @@ class EventStore:
             allow_direct=True,
             allow_atomic=True,
         )
+
+    @property
+    def dcb(self) -> JetStreamDcb:
+        """Dynamic consistency boundaries on this store: reads by query and appends of tagged events under a
+        condition the server checks (:class:`~eventstore.dcb_jetstream.JetStreamDcb`, docs/concepts/dcb.md)."""
+        if self._dcb is None:
+            self._dcb = JetStreamDcb(self)
+        return self._dcb
 
     async def ensure_stream(self, *, long_running: bool = False, stop: asyncio.Event | None = None) -> None:
         """Create the stream if it does not exist, then check it. Never changes an existing stream.

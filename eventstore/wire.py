@@ -26,7 +26,16 @@ body is exactly the event's JSON. Headers:
                             them, ending with ``0`` when they reach back to the
                             entity's start (the first commit has ``0``): the
                             back pointers a load walks (see :mod:`.reading`)
+``Es-Tags``                 a DCB commit's tags, per event (see :func:`.dcb.encode_tags`)
 ==========================  ====================================================
+
+A DCB append (:mod:`.dcb_jetstream`) stores one such commit on ``<prefix>.Dcb.<append id>``, last in an atomic
+batch that first holds an empty *index message* on ``<prefix>_tags.<tag>`` per tag, whose ``Es-Commit-Offset``
+says how many positions before the commit it is stored and ``Es-Commit-Entity`` names the commit's subject's
+last token;
+when the append checked that tag, ``Es-Previous`` holds the positions of the tag's previous index messages
+(see :mod:`.dcb_index`). Index subjects lie outside ``<prefix>.>``, so no reader of events
+sees them.
 
 Header values must reach the reader exactly as written, but nats-py strips
 them and turns line breaks into spaces. So idempotency keys are escaped
@@ -94,6 +103,8 @@ class Header:
 
     MSG_ID: Final = "Nats-Msg-Id"
     EXPECTED_LAST_SUBJECT_SEQUENCE: Final = "Nats-Expected-Last-Subject-Sequence"
+    # The subject (or filter) the check above is made on, when not the message's own (nats-server 2.11+).
+    EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT: Final = "Nats-Expected-Last-Subject-Sequence-Subject"
     BATCH_ID: Final = "Nats-Batch-Id"
     BATCH_SEQUENCE: Final = "Nats-Batch-Sequence"
     BATCH_COMMIT: Final = "Nats-Batch-Commit"
@@ -115,6 +126,9 @@ class Header:
     IDEMPOTENCY_KEY: Final = "Es-Idempotency-Key"
     NOTE: Final = "Es-Note"
     PREVIOUS: Final = "Es-Previous"
+    TAGS: Final = "Es-Tags"  # a DCB commit's tags, per event
+    COMMIT_OFFSET: Final = "Es-Commit-Offset"  # a DCB index message: how far after its commit it is stored
+    COMMIT_ENTITY: Final = "Es-Commit-Entity"  # a DCB index message: its commit's entity (the subject's last token)
 
 
 PREVIOUS_COMMITS: Final = 8

@@ -74,6 +74,9 @@ class Subjects:
     def stream_info(self) -> str:
         return f"{self.prefix}.STREAM.INFO.{self.stream}"
 
+    def stream_update(self) -> str:
+        return f"{self.prefix}.STREAM.UPDATE.{self.stream}"
+
     def stream_delete(self) -> str:
         return f"{self.prefix}.STREAM.DELETE.{self.stream}"
 

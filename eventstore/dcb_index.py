@@ -1,0 +1,130 @@
+"""Reading one DCB index subject (``<prefix>_tags.<tag>``): by its back pointers where the server verified them.
+
+An index message whose tag the append also checked carries ``Es-Previous``: the positions of the subject's
+previous index messages, most recent first (up to :data:`INDEX_POINTERS`, ending with 0 at the
+subject's start). The first of them is the check's expected sequence, which the server compared with the
+subject's last message in the same commit: the pointers never skip a message. So the subject is read from its
+last message (as the stream's leader knows it) back through the pointers, ``INDEX_POINTERS`` messages per
+round trip of pipelined direct gets by sequence, whatever the stream's size. Below a message without pointers
+(its tag was written unchecked) the rest is scanned with ``next_by_subj``, whose cost grows with the span of the
+stream it crosses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final, NamedTuple
+
+from nats.aio.msg import Msg
+
+from .append import MAX_ENTITIES_PER_APPEND, Appender, LeaderWait
+from .errors import EventDecodeError, ServerUnavailableError
+from .wire import Header
+
+__all__ = ["INDEX_POINTERS", "Last", "index_floor", "index_messages", "pointers", "scan"]
+
+INDEX_POINTERS: Final = 16
+"""How many earlier index messages' positions an index message holds: a read fetches that many per round trip.
+Twice an entity commit's (:data:`~.wire.PREVIOUS_COMMITS`): an index message is otherwise empty, and a tag is
+read whole more often than an entity (about 8 bytes a pointer; bench_dcb measures both)."""
+
+
+class Last(NamedTuple):
+    """A subject's last message as the stream's leader knows it: its sequence, its commit's position, its
+    headers (``seq`` 0 when the subject holds none)."""
+
+    seq: int
+    commit: int
+    headers: Mapping[str, str]
+
+
+def index_floor(after: int) -> int:
+    """The position below which no index message of a commit after ``after`` lies: an index message precedes its
+    commit within one atomic batch (at most :data:`~.append.MAX_ENTITIES_PER_APPEND` messages). ``after`` itself
+    when it ends a batch, as every position a read or an append returns does; this covers any other."""
+    return max(0, after - MAX_ENTITIES_PER_APPEND + 1)
+
+
+def pointers(headers: Mapping[str, str], seq: int) -> tuple[int, ...] | None:
+    """The verified back pointers of the index message at ``seq`` (None when it has none); a malformed
+    ``Es-Previous`` raises :class:`EventDecodeError`."""
+    text = headers.get(Header.PREVIOUS)
+    if text is None:
+        return None
+    try:
+        found = tuple(int(p) for p in text.split(","))
+    except ValueError:
+        found = ()
+    if not found or found[-1] < 0 or found[0] >= seq or any(a <= b for a, b in zip(found, found[1:])):
+        raise EventDecodeError(
+            f"Malformed DCB index message at position {seq}: Es-Previous {text[:60]!r} is not a list of decreasing "
+            "positions below it. It was not written by jetsourcing; keep foreign messages off the index subjects."
+        )
+    return found
+
+
+async def index_messages(
+    appender: Appender, subject: str, last: Last, after: int, timeout_s: float
+) -> list[tuple[int, Mapping[str, str]]]:
+    """Every message on ``subject`` after ``after`` up to ``last`` (inclusive), newest first, as (seq, headers)."""
+    if last.seq <= after:
+        return []
+    found: list[tuple[int, Mapping[str, str]]] = [(last.seq, last.headers)]
+    previous = pointers(last.headers, last.seq)
+    while previous is not None:
+        wanted = [p for p in previous if p > after]
+        for msg in await _get_each(appender, subject, wanted, timeout_s):
+            headers = msg.headers or {}
+            found.append((int(headers[Header.SEQUENCE]), headers))
+        if len(wanted) < len(previous):  # reached ``after``, or the subject's start (a 0)
+            return found
+        previous = pointers(found[-1][1], found[-1][0])
+    return found + (await scan(appender, subject, after, found[-1][0], timeout_s))[-2::-1]  # (it ends with found[-1])
+
+
+async def _get_each(appender: Appender, subject: str, positions: list[int], timeout_s: float) -> list[Msg]:
+    """The messages at ``positions``, all on ``subject``; retried while a replica that answers lacks one."""
+    wait = LeaderWait(timeout_s)
+    while True:
+        msgs = await appender.get_each(positions, what="Reading a DCB index")
+        if all(m is not None for m in msgs):
+            break
+        if not await wait.again():
+            raise ServerUnavailableError(
+                f"Reading a DCB index: positions {positions} were not found within {timeout_s}s (a replica lags the "
+                "stream's leader, or messages were deleted). Nothing was returned; retry."
+            )
+    got = [m for m in msgs if m is not None]
+    for p, msg in zip(positions, got):
+        if (msg.headers or {}).get(Header.SUBJECT) != subject:
+            raise EventDecodeError(
+                f"A back pointer on the DCB index {subject} leads to position {p}, which holds no message of it. "
+                "The index was written by another program; keep foreign messages off the index subjects."
+            )
+    return got
+
+
+async def scan(
+    appender: Appender, subject: str, after: int, last: int, timeout_s: float
+) -> list[tuple[int, Mapping[str, str]]]:
+    """The messages on ``subject`` after ``after`` up to ``last`` (a message on it), oldest first, read by
+    ``next_by_subj`` from a replica that holds ``last`` (retried while the one that answers does not)."""
+    if last <= after:
+        return []
+    wait = LeaderWait(timeout_s)
+    while True:
+        found: list[tuple[int, Mapping[str, str]]] = []
+        async for page in appender.subject_pages(subject, after + 1, what="Reading a DCB index"):
+            for msg in page:
+                headers = msg.headers or {}
+                reached = int(headers[Header.SEQUENCE])
+                if reached > last:
+                    return found
+                found.append((reached, headers))
+                if reached == last:
+                    return found
+        if not await wait.again():
+            raise ServerUnavailableError(
+                f"Reading a DCB index: the replicas answering did not reach position {last} within {timeout_s}s "
+                "(they lag the stream's leader). Nothing was returned; retry."
+            )
