@@ -59,7 +59,6 @@ import asyncio
 import contextlib
 import json
 import math
-import os
 import random
 import statistics
 import sys
@@ -76,6 +75,7 @@ from pydantic import BaseModel
 from aggregates import Aggregate, DomainEvent, Repository, applies
 from eventstore import EmbeddedServer, EventStore, EventStoreSettings, StreamId, encode_commit
 from eventstore.wire import Header, utc_now_text
+from proc_cpu import cpu_seconds  # this script's folder is on sys.path
 
 
 class Deposited(DomainEvent):
@@ -180,13 +180,6 @@ async def run_commands(
     started = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     return commands / (time.perf_counter() - started)
-
-
-def cpu_seconds(pid: int) -> float:
-    """The CPU time (user and system) process ``pid`` has used, from ``/proc``."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def raw_uncached_commands(store: EventStore, ids: list[str], commands: int, concurrency: int) -> float:

@@ -31,6 +31,12 @@ cache hit rates over a timed round (median of the rounds), and
 left own every partition between them (median of 3 kills, each followed by a
 restart).
 
+``cpu_us_per_command``: the CPU each process (this client, the one worker, the
+nats-server) spent per command in the in-process and the one-worker runs, from
+``/proc``; ``rr_eps_1_ceiling``: what one worker could serve at most on these
+cores with those costs (the busiest process alone, or all of them over the
+cores).
+
 Targets (#29): ``rr_eps_4`` ≥ ``rr_eps_1``; ``rr_cache_hit_rate_4`` ≥ 0.95;
 ``rr_eps_1`` ≥ 0.7× ``inprocess_eps``. The machine has 2 cores: the client, the
 workers and the nats-server share them.
@@ -60,6 +66,8 @@ from aggregates import DEFAULT_PARTITIONS, CommandClient, Repository  # noqa: E4
 from eventstore import EmbeddedServer, EventStore, EventStoreSettings  # noqa: E402
 from samples.bank.account import Account  # noqa: E402
 from samples.bank.commands import Deposit, OpenAccount, command_service  # noqa: E402
+
+from proc_cpu import cpu_seconds  # noqa: E402  (this script's folder is on sys.path)
 
 CONCURRENCY = 64
 TODAY = date(2026, 1, 1)
@@ -216,10 +224,19 @@ async def main(quick: bool) -> dict[str, Any]:
                     await timed(accounts_n, one)
                 rounds: dict[str, list[float]] = {name: [] for name in runs}
                 hit_rates: list[float] = []
+                # Each process's CPU per command, to know the machine's ceiling for one worker (see the module docs).
+                pids = {"client": os.getpid(), "worker": workers["rr_eps_1"][0].pid, "server": server.pid or 0}
+                cpu_us: dict[str, dict[str, list[float]]] = {
+                    name: {who: [] for who in pids} for name in ("inprocess_eps", "rr_eps_1")
+                }
                 for r in range(3):
                     for name, one in runs.items():
                         before = await worker_stats(store.nc, "cmd4", 4) if name == "rr_eps_4" else []
+                        cpu_before = {who: cpu_seconds(pid) for who, pid in pids.items()}
                         eps = await timed(per_round, one)
+                        if name in cpu_us:
+                            for who, pid in pids.items():
+                                cpu_us[name][who].append((cpu_seconds(pid) - cpu_before[who]) / per_round * 1e6)
                         rounds[name].append(round(eps))
                         progress(f"round {r + 1}, {name}: {eps:,.0f}/s")
                         if name == "rr_eps_4":
@@ -243,6 +260,13 @@ async def main(quick: bool) -> dict[str, Any]:
                 codes = [proc.wait(15) for procs in workers.values() for proc in procs]
             assert codes == [0] * len(codes), f"workers did not drain and exit cleanly: {codes}"
     result["rr_cache_hit_rate_4"] = statistics.median(hit_rates)
+    result["cpu_us_per_command"] = {
+        name: {who: round(statistics.median(us)) for who, us in by_process.items()} for name, by_process in cpu_us.items()
+    }
+    # With every process's CPU per command known, the most one worker could serve on these cores: the busiest
+    # process alone, or all of them together over the cores, whichever is slower.
+    one = result["cpu_us_per_command"]["rr_eps_1"]
+    result["rr_eps_1_ceiling"] = round(1e6 / max(max(one.values()), sum(one.values()) / (os.cpu_count() or 1)))
     result["rr_settle_s"] = statistics.median(settles)
     result.update({name: round(statistics.median(eps)) for name, eps in rounds.items()})
     result["rounds"] = rounds
@@ -254,6 +278,7 @@ async def main(quick: bool) -> dict[str, Any]:
         "rr_cache_hit_rate_4": result["rr_cache_hit_rate_4"],
         "rr_settle_s": result["rr_settle_s"],
         "rr_1_over_raw_rr": round(result["rr_eps_1"] / result["raw_rr_eps"], 3),
+        "rr_1_ceiling_over_inprocess": round(result["rr_eps_1_ceiling"] / result["inprocess_eps"], 3),
         # The transport's own scaling from one responder process to four, on this machine: the ceiling of rr_4_over_rr_1.
         "raw_4_over_raw_1": round(result["raw_rr_eps_4"] / result["raw_rr_eps"], 3),
     }

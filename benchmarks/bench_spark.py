@@ -85,6 +85,8 @@ from spark_projections.delta import full_rebuild, incremental_merge  # noqa: E40
 from spark_projections.follow import Follower, follow  # noqa: E402
 from spark_projections.projection import GROUP_COLUMN, Combine, DataFrameProjection, rebuild, update  # noqa: E402
 from spark_projections.session import SparkSettings, spark_session  # noqa: E402
+
+from proc_cpu import cpu_seconds  # noqa: E402  (this script's folder is on sys.path)
 from spark_projections import _batches, _options, _range_reader, source  # noqa: E402
 from spark_projections.source import JetStreamDataSource, read_events  # noqa: E402
 
@@ -277,20 +279,6 @@ class ArrowFileReader(DataSourceReader):
                             ("payload", pa.string())])
         for batch in table.slice(low, high - low).to_batches(max_chunksize=5000):
             yield pa.RecordBatch.from_arrays(batch.columns, schema=schema)
-
-
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int, *, children: bool = False) -> float:
-    """User + system CPU of ``pid`` (plus its reaped children's), from ``/proc``; 0 once it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    ticks = int(fields[11]) + int(fields[12]) + (int(fields[13]) + int(fields[14]) if children else 0)
-    return ticks / _TICK
 
 
 def descendants(pid: int) -> list[int]:
