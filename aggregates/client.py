@@ -197,29 +197,39 @@ class CommandClient:
 
 
     async def _request(self, subject: str, aggregate_id: str, body: bytes, timeout: float, headers: dict[str, str]) -> Any:
-        """The reply from the aggregate's partition subject, or from the plain one when nobody serves the partition."""
-        started = time.monotonic()
-        partitions = await self._partition_count(timeout) if self.routing else None
+        """The reply from the aggregate's partition subject, or from the plain one when nobody serves the partition.
+
+        Everything here shares the one ``timeout``: reading the partition count, the request, its fallback.
+        """
+        deadline = time.monotonic() + timeout
+        partitions = await self._partition_count(timeout / 2) if self.routing else None
         if partitions is not None:
             try:
                 return await self._nc.request(
-                    f"{subject}.{partition_of(aggregate_id, partitions)}", body, timeout=timeout, headers=headers
+                    f"{subject}.{partition_of(aggregate_id, partitions)}", body,
+                    timeout=max(0.001, deadline - time.monotonic()), headers=headers,
                 )
             except nats.errors.NoRespondersError:
                 pass  # no worker had the partition: nobody received the command, the plain subject may take it
-        remaining = max(0.001, timeout - (time.monotonic() - started))
-        return await self._nc.request(subject, body, timeout=remaining, headers=headers)
+        return await self._nc.request(subject, body, timeout=max(0.001, deadline - time.monotonic()), headers=headers)
 
-    async def _partition_count(self, timeout: float) -> int | None:
-        """The services' partition count (None: no routing services), read at most every ROUTES_REFRESH_S."""
+    async def _partition_count(self, wait_s: float) -> int | None:
+        """The services' partition count (None: no routing services, or not known yet).
+
+        Read once before the first command (waiting at most ``wait_s``; the commands go on the plain
+        subjects meanwhile), then again in the background every :data:`ROUTES_REFRESH_S`, while
+        commands use the count they have.
+        """
         count, read_at = self._partitions
         if time.monotonic() - read_at < ROUTES_REFRESH_S:
             return count
-        if self._reading is None or self._reading.done():  # one read for all the commands that wait on it
-            self._reading = asyncio.ensure_future(self._read_partition_count(min(timeout, 2.0)))
+        if self._reading is None or self._reading.done():  # one read for all the commands that want it
+            self._reading = asyncio.ensure_future(self._read_partition_count(2.0))
+        if read_at > -float("inf"):
+            return count  # known, if old: the read under way refreshes it
         try:
-            return await asyncio.shield(self._reading)
-        except Exception:  # noqa: BLE001 - without the count the plain subject serves every command
+            return await asyncio.wait_for(asyncio.shield(self._reading), wait_s)
+        except Exception:  # noqa: BLE001 - a timeout too: without the count the plain subject serves every command
             return count
 
     async def _read_partition_count(self, timeout: float) -> int | None:

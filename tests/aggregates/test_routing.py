@@ -203,7 +203,7 @@ async def test_worker_churn_with_routing_stores_each_command_id_once_and_every_c
                             await clients[c].send(Account, ids[n % 12], Deposit(amount=1), command_id=f"d{n}")
                             break
                         except CommandUnavailableError:
-                            assert time.monotonic() - started < 1.5 + 1.0  # every call ends within its timeout
+                            assert time.monotonic() - started < 1.5 + 2.0  # every call ends within its timeout (+ a loaded loop)
                     else:
                         raise AssertionError(f"d{n} never answered")
                     done += 1
