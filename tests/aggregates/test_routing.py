@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import signal
 import subprocess
@@ -12,6 +13,7 @@ import uuid
 import zlib
 from typing import Any
 
+import nats
 import pytest
 
 from aggregates import CommandClient, CommandService, CommandUnavailableError, Repository, partition_of
@@ -19,6 +21,7 @@ from aggregates.membership import PARTITIONS_KEY, routing_bucket
 from aggregates.routing import LOAD_BOUND, assign, check_partitions
 from eventstore import EventStore, InvalidArgumentError
 from tests.conftest import unique_settings
+from tests.support.proxy import Proxy
 
 from .domain import Account
 from .test_service import Deposit, Open
@@ -233,3 +236,22 @@ async def test_worker_churn_with_routing_stores_each_command_id_once_and_every_c
                 except subprocess.TimeoutExpired:
                     worker.kill()
                     worker.wait()
+
+
+async def test_a_send_ends_within_its_timeout_while_it_reads_the_partition_count(nats_url: str) -> None:
+    """The first send reads the partition count; over a slow link (0.4 s each way) that read and the request
+    still end within the send's one timeout, answered or not."""
+    prefix = f"rt{uuid.uuid4().hex[:8]}"
+    async with EventStore.connect(unique_settings(nats_url)) as store, service(store, prefix):
+        async with Proxy(nats_url) as proxy:
+            nc = await nats.connect(proxy.url)
+            try:
+                proxy.delay(0.4)
+                client = CommandClient(nc, subject_prefix=prefix, timeout_s=1.0)
+                started = time.monotonic()
+                with contextlib.suppress(CommandUnavailableError):
+                    await client.send(Account, "slow", Open(owner="s"))
+                assert time.monotonic() - started < 1.0 + 0.5
+            finally:
+                proxy.delay(0.0)
+                await nc.close()
