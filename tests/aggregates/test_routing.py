@@ -194,26 +194,29 @@ async def test_worker_churn_with_routing_stores_each_command_id_once_and_every_c
             opener = CommandClient(store, subject_prefix=prefix, timeout_s=3)
             await asyncio.gather(*(opener.send(Account, i, Open(owner=i)) for i in ids))
             clients = [CommandClient(store, subject_prefix=prefix, timeout_s=1.5) for _ in range(4)]
-            done = 0
+            issued: list[int] = []
             kills = 0
+            stopping = asyncio.Event()
 
             async def deposits(c: int) -> None:
-                nonlocal done
-                for n in range(c, 1200, 4):
+                # Sends for as long as the churn lasts (five kills at least), whatever the machine's speed.
+                n = c
+                while kills < 5 or n < 400:
+                    issued.append(n)
                     for attempt in range(40):
                         started = time.monotonic()
                         try:
                             await clients[c].send(Account, ids[n % 12], Deposit(amount=1), command_id=f"d{n}")
                             break
                         except CommandUnavailableError:
-                            assert time.monotonic() - started < 1.5 + 2.0  # every call ends within its timeout (+ a loaded loop)
+                            assert time.monotonic() - started < 1.5 + 2.0  # every call ends within its timeout
                     else:
                         raise AssertionError(f"d{n} never answered")
-                    done += 1
+                    n += 4
 
             async def churn() -> None:
                 nonlocal kills
-                while done < 1200:
+                while not stopping.is_set():
                     await asyncio.sleep(rng.uniform(1.0, 2.0))
                     victim = workers.pop(rng.randrange(len(workers)))
                     victim.kill()
@@ -221,11 +224,17 @@ async def test_worker_churn_with_routing_stores_each_command_id_once_and_every_c
                     kills += 1
                     workers.append(start())
 
-            await asyncio.gather(churn(), *(deposits(c) for c in range(4)))
-            assert kills >= 4
+            churning = asyncio.create_task(churn())
+            try:
+                await asyncio.gather(*(deposits(c) for c in range(4)))
+            finally:
+                stopping.set()
+                await churning
+            assert kills >= 5
             keys = [e.idempotency_key async for batch in store.read_all() for e in batch if e.type == "Deposited"]
-            assert sorted(keys) == sorted(f"d{n}" for n in range(1200))
-            assert [(await Repository(store, Account).get(i)).state.balance for i in ids] == [100] * 12
+            assert sorted(keys) == sorted(f"d{n}" for n in issued)  # each command id once, none lost
+            balances = [(await Repository(store, Account).get(i)).state.balance for i in ids]
+            assert balances == [sum(1 for n in issued if n % 12 == i) for i in range(12)]
         finally:
             for worker in workers:
                 if worker.poll() is None:
