@@ -228,7 +228,8 @@ class CommandClient:
         if read_at > -float("inf"):
             return count  # known, if old: the read under way refreshes it
         try:
-            return await asyncio.wait_for(asyncio.shield(self._reading), wait_s)
+            async with asyncio.timeout(wait_s):  # not wait_for: on 3.11 it can swallow a cancellation
+                return await asyncio.shield(self._reading)
         except Exception:  # noqa: BLE001 - a timeout too: without the count the plain subject serves every command
             return count
 

@@ -91,7 +91,8 @@ class Membership:
 
     async def start(self) -> None:
         try:
-            await asyncio.wait_for(self._join(), timeout=4 * self.timeout_s)
+            async with asyncio.timeout(4 * self.timeout_s):
+                await self._join()
         except InvalidArgumentError:
             raise
         except Exception as exc:  # noqa: BLE001 - routing is an optimisation: serve, and join at a later beat
@@ -175,7 +176,8 @@ class Membership:
         while True:
             await asyncio.sleep(self.member_ttl_s / 3)
             try:
-                await asyncio.wait_for(self._join(), timeout=4 * self.timeout_s)
+                async with asyncio.timeout(4 * self.timeout_s):
+                    await self._join()
             except asyncio.CancelledError:
                 raise
             except InvalidArgumentError as exc:
