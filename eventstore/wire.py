@@ -48,7 +48,7 @@ older reader.
 
 from __future__ import annotations
 
-import unicodedata
+import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Final
@@ -139,6 +139,10 @@ round trip (at most about 70 header bytes per commit; see "Reading" in docs/conc
 # Printable ASCII but '%' (the escape character) passes through escape_key unchanged, so the
 # common keys (uuids, "reactor:event-id") keep the message ids they always had.
 _KEY_SAFE: Final = frozenset(chr(c) for c in range(0x21, 0x7F)) - {"%"}
+_KEY_UNSAFE: Final = re.compile(r"[^\x21-\x24\x26-\x7e]")  # the complement of _KEY_SAFE, scanned in C
+# The Unicode categories Cc (the C0 and C1 controls), Cs (surrogates), Zl and Zp: the characters a NATS header
+# cannot carry unchanged. The Unicode stability policy fixes Cc and Cs; Zl and Zp are one character each.
+_NOT_IN_HEADER: Final = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff\u2028\u2029]")
 # The separator between an append's id and an entity's index in a multi-entity append: escape_key
 # writes '%' only before two hex digits, so no escaped key contains it and no two ids collide.
 _ENTITY_SEPARATOR: Final = "%:"
@@ -147,7 +151,7 @@ _HEADER_START: Final = len(b"NATS/1.0\r\n")
 
 def escape_key(key: str) -> str:
     """``key`` as header-safe text, injectively: printable ASCII but ``%`` as is, the rest ``%XX`` UTF-8 bytes."""
-    if all(c in _KEY_SAFE for c in key):
+    if _KEY_UNSAFE.search(key) is None:
         return key
     # surrogatepass: a lone surrogate is escaped like any other code point, so the mapping stays injective.
     return "".join(
@@ -204,7 +208,8 @@ def check_metadata(name: str, value: object) -> str | None:
         return None
     if not isinstance(value, str) or not value:
         raise InvalidArgumentError(f"{name} must be a non-empty str or None, not {_preview(value)}; nothing was stored.")
-    bad = next((c for c in value if unicodedata.category(c) in ("Cc", "Cs", "Zl", "Zp")), None)
+    found = _NOT_IN_HEADER.search(value)
+    bad = None if found is None else found.group()
     if bad is not None or value != value.strip():
         what = f"the character {bad!r}" if bad is not None else "whitespace at its start or end"
         raise InvalidArgumentError(
