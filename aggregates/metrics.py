@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from typing import Any, TypeVar
 
-__all__ = ["AGGREGATE_CACHE", "COMMANDS", "COMMAND_SECONDS"]
+from prometheus_client import Counter, Histogram
+from prometheus_client.metrics import MetricWrapperBase
+
+__all__ = ["AGGREGATE_CACHE", "COMMANDS", "COMMAND_SECONDS", "labelled"]
 
 COMMANDS = Counter(
     "jetsourcing_commands", "Commands a command service answered, by subject and outcome (ok, duplicate, domain, "
@@ -18,3 +21,16 @@ AGGREGATE_CACHE = Counter(
     "jetsourcing_aggregate_cache", "How commands found their aggregate in the repository's cache, by category: hit "
     "(current), stale (another process wrote it since), miss (not cached).", ["category", "outcome"],
 )
+
+M = TypeVar("M", bound=MetricWrapperBase)
+_children: dict[tuple[Any, ...], Any] = {}  # (metric, *labels) -> the labelled child
+
+
+def labelled(metric: M, *labels: str) -> M:
+    """``metric.labels(*labels)``, looked up once: a command would otherwise pay prometheus_client's locked lookup
+    for every sample. The label values come from small fixed sets (served subjects, outcomes, categories)."""
+    key = (metric, *labels)
+    child = _children.get(key)
+    if child is None:
+        child = _children[key] = metric.labels(*labels)
+    return child

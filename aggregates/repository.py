@@ -38,7 +38,7 @@ from .aggregate import Aggregate
 from .commands import CacheStats, CommandResult, RetryPolicy
 from .errors import AggregateExistsError, AggregateNotFoundError
 from .events import register_events
-from .metrics import AGGREGATE_CACHE
+from .metrics import AGGREGATE_CACHE, labelled
 from .snapshots import Snapshot, SnapshotStore
 
 __all__ = ["Repository"]
@@ -522,7 +522,7 @@ class Repository(Generic[A]):
     def _count_cache(self, outcome: str) -> bool:
         """Count one command's cache outcome ("hit", "stale" or "miss"); True, for the caller's ``counted``."""
         setattr(self.cache_stats, _CACHE_FIELDS[outcome], getattr(self.cache_stats, _CACHE_FIELDS[outcome]) + 1)
-        AGGREGATE_CACHE.labels(self.aggregate_type.category, outcome).inc()
+        labelled(AGGREGATE_CACHE, self.aggregate_type.category, outcome).inc()
         return True
 
     def _cache_get(self, aggregate_id: str) -> A | None:

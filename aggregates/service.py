@@ -62,7 +62,7 @@ from .command_messages import check_name, check_prefix, command_subject, request
 from .errors import AggregateExistsError, AggregateNotFoundError, DomainError, InvalidAggregateIdError
 from .commands import CacheStats
 from .membership import Membership
-from .metrics import COMMAND_SECONDS, COMMANDS
+from .metrics import COMMAND_SECONDS, COMMANDS, labelled
 from .repository import Repository
 from .routing import DEFAULT_PARTITIONS, check_partitions
 
@@ -387,13 +387,13 @@ class CommandService:
             log.exception("command on %s failed", msg.subject)
             answer = _error("failed", f"The command's handler raised {type(exc).__name__}: {exc}", exc)
         await self._reply(msg, answer)
-        COMMAND_SECONDS.labels(self._command_of(msg.subject)).observe(time.perf_counter() - started)
+        labelled(COMMAND_SECONDS, self._command_of(msg.subject)).observe(time.perf_counter() - started)
 
     async def _reply(self, msg: Msg, answer: dict[str, Any], outcome: str | None = None) -> None:
         """Send ``answer`` to the requester, if it waits for one, and count it by its outcome."""
         if outcome is None:
             outcome = ("duplicate" if answer["duplicate"] else "ok") if answer["ok"] else answer["error"]
-        COMMANDS.labels(self._command_of(msg.subject), outcome).inc()
+        labelled(COMMANDS, self._command_of(msg.subject), outcome).inc()
         self._answered[outcome] += 1
         if not msg.reply:
             return
@@ -465,6 +465,11 @@ def _not_json(text: str) -> Any:
     raise ValueError(f"{text} is not JSON")
 
 
+# Made once: json.loads with hooks would build a decoder per request.
+_REQUEST_DECODER = json.JSONDecoder(parse_float=_finite, parse_constant=_not_json)
+_VALUE_ENCODER = json.JSONEncoder(ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+
+
 def _decode(msg: Msg, model: type[BaseModel]) -> tuple[str, BaseModel, str, str | None] | dict[str, Any]:
     """The request's aggregate id, command, command id and correlation id, or the ``invalid`` reply saying why not.
 
@@ -474,7 +479,7 @@ def _decode(msg: Msg, model: type[BaseModel]) -> tuple[str, BaseModel, str, str 
     command id.
     """
     try:
-        request = json.loads(msg.data, parse_float=_finite, parse_constant=_not_json)
+        request = _REQUEST_DECODER.decode(msg.data.decode())
     except (ValueError, RecursionError) as exc:
         return _error("invalid", f"The request to {msg.subject} is not JSON ({type(exc).__name__}: {exc}).", exc)
     if not isinstance(request, dict) or not isinstance(request.get("aggregate_id"), str) or "command" not in request:
@@ -496,7 +501,7 @@ def _decode(msg: Msg, model: type[BaseModel]) -> tuple[str, BaseModel, str, str 
 def _json_value(value: Any) -> tuple[Any, str]:
     """``value`` as JSON: the plain Python form and its compact text (ASCII, so a header can carry it)."""
     plain = pydantic_core.to_jsonable_python(value)
-    return plain, json.dumps(plain, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+    return plain, _VALUE_ENCODER.encode(plain)
 
 
 def _sent_value(value: Any) -> dict[str, Any]:
