@@ -17,6 +17,11 @@ in ``rounds``):
 * ``rr_eps_4_unrouted``: four workers without routing (``routing=False``): the
   queue group hands each command to any worker, whose copy of the account is
   then often stale (a conflict and a catch-up);
+* ``bare_rr_eps``: plain nats-py request-reply to one process whose callback
+  runs the same ``Repository.execute`` (with the command id) in a task and
+  answers: the least any command worker does, without ``CommandService``'s
+  decoding, validation, kept value, reply contract and metrics; its ratio
+  ``rr_1_over_bare`` is what the framework's own code costs;
 * ``raw_rr_eps``: plain nats-py request-reply to one process that answers each
   request at once, with a body of the same size: what the transport costs;
   ``raw_rr_eps_4``: the same to four such processes in a queue group (what four
@@ -32,8 +37,10 @@ left own every partition between them (median of 3 kills, each followed by a
 restart).
 
 ``cpu_us_per_command``: the CPU each process (this client, the one worker, the
-nats-server) spent per command in the in-process and the one-worker runs, from
-``/proc``; ``rr_eps_1_ceiling``: what one worker could serve at most on these
+nats-server) spent per command in the in-process, the one-worker and the bare
+runs, from ``/proc``; ``wakeups_per_command``: how often the process doing the
+execute (this client in-process, the worker otherwise) was switched out per
+command (``/proc/<pid>/status``), a sign of how its work is cut up; ``rr_eps_1_ceiling``: what one worker could serve at most on these
 cores with those costs (the busiest process alone, or all of them over the
 cores).
 
@@ -54,6 +61,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -63,11 +71,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the samples, whe
 import nats  # noqa: E402
 
 from aggregates import DEFAULT_PARTITIONS, CommandClient, Repository  # noqa: E402
+from aggregates.command_messages import COMMAND_ID_HEADER  # noqa: E402
 from eventstore import EmbeddedServer, EventStore, EventStoreSettings  # noqa: E402
 from samples.bank.account import Account  # noqa: E402
 from samples.bank.commands import Deposit, OpenAccount, command_service  # noqa: E402
 
-from proc_cpu import cpu_seconds  # noqa: E402  (this script's folder is on sys.path)
+from proc_cpu import context_switches, cpu_seconds  # noqa: E402  (this script's folder is on sys.path)
 
 CONCURRENCY = 64
 TODAY = date(2026, 1, 1)
@@ -96,6 +105,9 @@ async def worker(nats_url: str, stream: str, prefix: str, command_prefix: str) -
         await stop.wait()
         await nc.close()
         return
+    if command_prefix == "bare":
+        await bare_worker(nats_url, stream, prefix, stop)
+        return
     routing = not command_prefix.endswith("u")
     async with EventStore.connect(EventStoreSettings(nats_url=nats_url, stream=stream, subject_prefix=prefix)) as store:
         async with command_service(store, subject_prefix=command_prefix, routing=routing) as service:
@@ -110,6 +122,32 @@ async def worker(nats_url: str, stream: str, prefix: str, command_prefix: str) -
             await store.nc.flush()
             print("ready", flush=True)
             await stop.wait()
+
+
+async def bare_worker(nats_url: str, stream: str, prefix: str, stop: asyncio.Event) -> None:
+    """The least a command worker does: a nats-py callback hands each request to a task that runs the execute."""
+    async with EventStore.connect(EventStoreSettings(nats_url=nats_url, stream=stream, subject_prefix=prefix)) as store:
+        accounts = Repository(store, Account, cache_size=10_000)
+        running: set[asyncio.Task[None]] = set()
+
+        async def handle(msg: Any) -> None:
+            request = json.loads(msg.data)
+            command = Deposit.model_validate(request["command"])
+            result = await accounts.execute(
+                request["aggregate_id"], lambda a: a.deposit(command.amount, command.value_date),
+                command_id=msg.headers[COMMAND_ID_HEADER],
+            )
+            await msg.respond(json.dumps({"ok": True, "version": result.version, "position": result.position}).encode())
+
+        async def receive(msg: Any) -> None:
+            task = asyncio.create_task(handle(msg))
+            running.add(task)
+            task.add_done_callback(running.discard)
+
+        await store.nc.subscribe("bare.Account.Deposit", queue="bare", cb=receive)
+        await store.nc.flush()
+        print("ready", flush=True)
+        await stop.wait()
 
 
 def start_workers(count: int, *args: str) -> list[subprocess.Popen[str]]:
@@ -186,7 +224,7 @@ async def settle_after_kill(nc: Any, procs: list[subprocess.Popen[str]], restart
 async def main(quick: bool) -> dict[str, Any]:
     accounts_n, per_round = (200, 2_000) if quick else (1_000, 6_000)
     # Each run deposits into accounts of its own, so that no run's writes make another's caches stale.
-    names = ("inprocess_eps", "rr_eps_1", "rr_eps_4", "rr_eps_4_unrouted")
+    names = ("inprocess_eps", "rr_eps_1", "rr_eps_4", "rr_eps_4_unrouted", "bare_rr_eps")
     ids = {name: [f"{name}-{i}" for i in range(accounts_n)] for name in names}
     result: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="bench-commands-") as tmp, EmbeddedServer(tmp) as server:
@@ -197,6 +235,7 @@ async def main(quick: bool) -> dict[str, Any]:
                 "rr_eps_1": start_workers(1, server.url, "BANK", "bank", "cmd1"),
                 "rr_eps_4": start_workers(4, server.url, "BANK", "bank", "cmd4"),
                 "rr_eps_4_unrouted": start_workers(4, server.url, "BANK", "bank", "cmd4u"),
+                "bare_rr_eps": start_workers(1, server.url, "BANK", "bank", "bare"),
                 "raw_rr_eps": start_workers(1, server.url, "BANK", "bank", "raw"),
                 "raw_rr_eps_4": start_workers(4, server.url, "RAW4", "bank", "raw"),
             }
@@ -207,6 +246,7 @@ async def main(quick: bool) -> dict[str, Any]:
                 for name in names:
                     await asyncio.gather(*(clients["rr_eps_1"].send(Account, i, OpenAccount(owner=i)) for i in ids[name]))
                 deposit = Deposit(amount=1, value_date=TODAY)
+                deposit_json = deposit.model_dump(mode="json")
                 body = json.dumps({"aggregate_id": ids["rr_eps_1"][0], "command": deposit.model_dump(mode="json")}).encode()
 
                 def sender(name: str) -> Any:
@@ -217,6 +257,11 @@ async def main(quick: bool) -> dict[str, Any]:
                         ids["inprocess_eps"][i % accounts_n], lambda a: a.deposit(1, TODAY)
                     ),
                     **{name: sender(name) for name in prefixes},
+                    "bare_rr_eps": lambda i: store.nc.request(
+                        "bare.Account.Deposit", json.dumps({"aggregate_id": ids["bare_rr_eps"][i % accounts_n],
+                                                             "command": deposit_json}).encode(),
+                        timeout=5, headers={COMMAND_ID_HEADER: str(uuid.uuid4())},
+                    ),
                     "raw_rr_eps": lambda i: store.nc.request("raw.echo", body, timeout=5),
                     "raw_rr_eps_4": lambda i: store.nc.request("raw.echo4", body, timeout=5),
                 }
@@ -226,17 +271,22 @@ async def main(quick: bool) -> dict[str, Any]:
                 hit_rates: list[float] = []
                 # Each process's CPU per command, to know the machine's ceiling for one worker (see the module docs).
                 pids = {"client": os.getpid(), "worker": workers["rr_eps_1"][0].pid, "server": server.pid or 0}
-                cpu_us: dict[str, dict[str, list[float]]] = {
-                    name: {who: [] for who in pids} for name in ("inprocess_eps", "rr_eps_1")
-                }
+                bare_pids = {**pids, "worker": workers["bare_rr_eps"][0].pid}
+                measured = {"inprocess_eps": pids, "rr_eps_1": pids, "bare_rr_eps": bare_pids}
+                cpu_us: dict[str, dict[str, list[float]]] = {name: {who: [] for who in pids} for name in measured}
+                wakeups: dict[str, list[float]] = {name: [] for name in measured}
                 for r in range(3):
                     for name, one in runs.items():
                         before = await worker_stats(store.nc, "cmd4", 4) if name == "rr_eps_4" else []
-                        cpu_before = {who: cpu_seconds(pid) for who, pid in pids.items()}
+                        watched = measured.get(name, pids)
+                        executor = watched["client" if name == "inprocess_eps" else "worker"]
+                        cpu_before = {who: cpu_seconds(pid) for who, pid in watched.items()}
+                        switches_before = context_switches(executor)
                         eps = await timed(per_round, one)
-                        if name in cpu_us:
-                            for who, pid in pids.items():
+                        if name in measured:
+                            for who, pid in watched.items():
                                 cpu_us[name][who].append((cpu_seconds(pid) - cpu_before[who]) / per_round * 1e6)
+                            wakeups[name].append((context_switches(executor) - switches_before) / per_round)
                         rounds[name].append(round(eps))
                         progress(f"round {r + 1}, {name}: {eps:,.0f}/s")
                         if name == "rr_eps_4":
@@ -250,7 +300,7 @@ async def main(quick: bool) -> dict[str, Any]:
                     ), 2))
                     progress(f"a routed worker SIGKILLed: the others own every partition after {settles[-1]:.2f}s")
                     await asyncio.sleep(1.5)  # the new worker joins before the next kill
-                total = 4 * accounts_n + 4 * (per_round * 3) + 4 * accounts_n  # opens, timed and warm-up deposits
+                total = 5 * accounts_n + 5 * (per_round * 3) + 5 * accounts_n  # opens, timed and warm-up deposits
                 stored = (await store.info()).last_position
                 assert stored == total, (stored, total)
             finally:
@@ -265,6 +315,7 @@ async def main(quick: bool) -> dict[str, Any]:
     }
     # With every process's CPU per command known, the most one worker could serve on these cores: the busiest
     # process alone, or all of them together over the cores, whichever is slower.
+    result["wakeups_per_command"] = {name: round(statistics.median(w), 3) for name, w in wakeups.items()}
     one = result["cpu_us_per_command"]["rr_eps_1"]
     result["rr_eps_1_ceiling"] = round(1e6 / max(max(one.values()), sum(one.values()) / (os.cpu_count() or 1)))
     result["rr_settle_s"] = statistics.median(settles)
@@ -278,6 +329,9 @@ async def main(quick: bool) -> dict[str, Any]:
         "rr_cache_hit_rate_4": result["rr_cache_hit_rate_4"],
         "rr_settle_s": result["rr_settle_s"],
         "rr_1_over_raw_rr": round(result["rr_eps_1"] / result["raw_rr_eps"], 3),
+        # What CommandService's own code costs against a bare responder running the same execute.
+        "rr_1_over_bare": round(result["rr_eps_1"] / result["bare_rr_eps"], 3),
+        "bare_over_inprocess": round(result["bare_rr_eps"] / result["inprocess_eps"], 3),
         "rr_1_ceiling_over_inprocess": round(result["rr_eps_1_ceiling"] / result["inprocess_eps"], 3),
         # The transport's own scaling from one responder process to four, on this machine: the ceiling of rr_4_over_rr_1.
         "raw_4_over_raw_1": round(result["raw_rr_eps_4"] / result["raw_rr_eps"], 3),
