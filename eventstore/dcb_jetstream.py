@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 from nats.aio.msg import Msg
 from nats.js.errors import NotFoundError
 
-from .append import MAX_ENTITIES_PER_APPEND, EntityAppend, LeaderWait, _Conflict, build_commit, check_commit_size
+from .commit import MAX_ENTITIES_PER_APPEND, EntityAppend, build_commit, check_commit_size
 from .dcb import (
     DCB_CATEGORY,
     AppendCondition,
@@ -62,6 +62,8 @@ from .errors import (
 )
 from .events import NO_STREAM, AppendResult
 from .jetstream.api import Subjects
+from .jetstream.direct import LeaderWait
+from .sending import Conflict
 from .streams import StreamId, encode_entity_id
 from .wire import Header, decode_commit, escape_key, msg_id, note_of, utc_now_text
 
@@ -175,7 +177,7 @@ class JetStreamDcb:
         await self._check_ready()
         what = "Reading a DCB query"
         timeout_s = self._store.settings.request_timeout_s
-        appender = self._store._appender
+        direct = self._store._appender.direct
         head = await self._store.last_position()
         subjects: dict[str, bool] = {}  # subject to read -> whether it is an index (else: the commits themselves)
         for item in query.items:
@@ -185,8 +187,8 @@ class JetStreamDcb:
                 subjects[f"{self._prefix}.{DCB_CATEGORY}.*"] = False
         lasts = await asyncio.gather(*(self._leader_last(s, what) for s in subjects))
         found = await asyncio.gather(*(
-            index_messages(appender, subject, last, index_floor(after), timeout_s) if is_index
-            else scan(appender, subject, after, last.seq, timeout_s)
+            index_messages(direct, subject, last, index_floor(after), timeout_s) if is_index
+            else scan(direct, subject, after, last.seq, timeout_s)
             for (subject, is_index), last in zip(subjects.items(), lasts)
         ))
         candidates: dict[int, str] = {}  # commit position -> its subject
@@ -220,7 +222,7 @@ class JetStreamDcb:
         of each subject (the only one), as a batch in stream order."""
         wait = LeaderWait(self._store.settings.request_timeout_s)
         while True:
-            msgs = await self._store._appender.direct_get(
+            msgs = await self._store._appender.direct.direct_get(
                 {"multi_last": subjects, "batch": len(subjects)}, what="Reading DCB events"
             )
             if [int((m.headers or {})[Header.SEQUENCE]) for m in msgs] == positions:
@@ -308,11 +310,11 @@ class JetStreamDcb:
             return await self._stored(stream_id) is not None
 
         try:
-            ack = await self._store._appender.send(
+            ack = await self._store._appender.sender.send(
                 messages, target=str(stream_id), others=f"{len(messages) - 1} index messages",
                 check_size=check_size, stored=stored,
             )
-        except _Conflict as conflict:
+        except Conflict as conflict:
             found = await self._stored(stream_id)
             if found is not None:
                 return found
@@ -376,7 +378,7 @@ class JetStreamDcb:
             # An index message precedes its commit: the first one of a commit after ``after`` lies after the
             # stream's last whole batch before it, at most a batch's length before ``after`` (when ``after`` is
             # not the end of a batch: every position reads and appends return is).
-            msgs = await self._store._appender.direct_get(
+            msgs = await self._store._appender.direct.direct_get(
                 {"seq": index_floor(after) + 1, "next_by_subj": subject, "batch": MAX_ENTITIES_PER_APPEND},
                 what="Finding a DCB conflict",
             )

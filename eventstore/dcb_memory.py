@@ -11,7 +11,7 @@ import secrets
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .append import EntityAppend, build_commit, check_commit_size
+from .commit import EntityAppend, build_commit, check_commit_size
 from .dcb import (
     AppendCondition,
     Query,
