@@ -57,11 +57,16 @@ def pointers(headers: Mapping[str, str], seq: int) -> tuple[int, ...] | None:
     except ValueError:
         found = ()
     if not found or found[-1] < 0 or found[0] >= seq or any(a <= b for a, b in zip(found, found[1:])):
-        raise EventDecodeError(
-            f"Malformed DCB index message at position {seq}: Es-Previous {text[:60]!r} is not a list of decreasing "
-            "positions below it. It was not written by jetsourcing; keep foreign messages off the index subjects."
-        )
+        raise _foreign(f"the index message at position {seq} has Es-Previous {text[:60]!r}, not a list of "
+                       "decreasing positions below it")
     return found
+
+
+def _foreign(what: str) -> EventDecodeError:
+    """The error for a DCB index holding a message jetsourcing did not write: ``what`` says what was found."""
+    return EventDecodeError(
+        f"Malformed DCB index: {what}. It was not written by jetsourcing; keep foreign messages off the index subjects."
+    )
 
 
 async def index_messages(
@@ -98,10 +103,7 @@ async def _get_each(direct: DirectGets, subject: str, positions: list[int], time
     got = [m for m in msgs if m is not None]
     for p, msg in zip(positions, got):
         if (msg.headers or {}).get(Header.SUBJECT) != subject:
-            raise EventDecodeError(
-                f"A back pointer on the DCB index {subject} leads to position {p}, which holds no message of it. "
-                "The index was written by another program; keep foreign messages off the index subjects."
-            )
+            raise _foreign(f"a back pointer on {subject} leads to position {p}, which holds no message of it")
     return got
 
 
