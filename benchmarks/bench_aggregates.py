@@ -348,7 +348,7 @@ async def cold_loads(server_url: str, quick: bool, result: dict[str, Any]) -> No
             for _ in range(5):
                 for how in hows:
                     started = time.perf_counter()
-                    commits = await streams[big].store._appender.commits(StreamId("Account", name), how=how)
+                    commits = await streams[big].store._appender.entities.commits(StreamId("Account", name), how=how)
                     times[how].append((time.perf_counter() - started) * 1000)
                     assert len(commits) == n, (how, len(commits))
             figures = {f"{how}_ms": round(statistics.median(t), 3) for how, t in times.items()}

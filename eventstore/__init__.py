@@ -2,7 +2,7 @@
 
 If you are here to read the code, start with ``store.py`` (the :class:`EventStore`
 facade), then ``append.py`` (optimistic concurrency, idempotency, atomic
-commits), ``wire.py`` (the message layout), ``reading.py`` (loading one entity,
+commits; built on ``commit.py``, ``entity_commits.py``, ``sending.py`` and ``jetstream/direct.py``), ``wire.py`` (the message layout), ``reading.py`` (loading one entity,
 replaying the stream), ``jetstream/`` (JetStream's API subjects and error
 codes, the ordered replay and its bulk-read connection), ``server.py`` and ``cluster.py`` (the embedded
 nats-server, and a cluster of them), ``security.py`` and ``connection.py`` (credentials, TLS, and the
@@ -13,8 +13,8 @@ nats-py connection), ``validation.py`` (the public arguments' checks),
 ``dcb.py``, then ``dcb_jetstream.py`` and ``dcb_memory.py``.
 """
 
-from .append import MAX_ENTITIES_PER_APPEND, EntityAppend
 from .cluster import EmbeddedCluster
+from .commit import MAX_ENTITIES_PER_APPEND, EntityAppend
 from .dcb import AppendCondition, DcbLog, Query, QueryItem, QueryResult, SequencedEvent, TaggedEvent
 from .dcb_jetstream import JetStreamDcb
 from .dcb_memory import InMemoryDcb

@@ -7,30 +7,36 @@ types matches every type, one without tags every event of its types). An
 :class:`AppendCondition` makes an append fail when an event matching its
 query was stored after the position ``after``.
 
-The value objects and the checks both stores share live here; the JetStream
-store is :mod:`.dcb_jetstream`, the in-memory one :mod:`.dcb_memory`. How a
+The value objects, and what both stores share (:class:`DcbLog`: the checks of the
+arguments, the commit of an append) live here; the JetStream store is
+:mod:`.dcb_jetstream`, the in-memory one :mod:`.dcb_memory`. How a
 condition is checked by the server, and why that is never narrower than the
 query, is in docs/concepts/dcb.md and :func:`check_tags`.
 """
 
 from __future__ import annotations
 
+import secrets
 import uuid
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Final, Protocol
+from typing import Final, NamedTuple
 
 from pydantic import BaseModel
 
+from .commit import Commit, EntityAppend, build_commit
 from .errors import InvalidArgumentError, InvalidEventError, InvalidStreamIdError, UncheckableQueryError
-from .events import AppendResult, RecordedEvent
+from .events import NO_STREAM, AppendResult, RecordedEvent
+from .registry import TypeRegistry
 from .streams import StreamId, decode_entity_id, encode_entity_id
 from .validation import check_int
-from .wire import check_idempotency_key, check_metadata, check_note
+from .wire import Header, check_idempotency_key, check_metadata, check_note, escape_key, msg_id, utc_now_text
 
 __all__ = [
     "AppendCondition",
     "DCB_CATEGORY",
+    "DcbCommit",
     "DcbLog",
     "MAX_TAGS_PER_EVENT",
     "Query",
@@ -39,9 +45,6 @@ __all__ = [
     "SequencedEvent",
     "TaggedEvent",
     "batch_messages",
-    "check_dcb_append",
-    "check_dcb_read",
-    "check_find_key",
     "check_tags",
     "dcb_stream_id",
     "decode_tags",
@@ -229,7 +232,7 @@ def decode_tags(text: str | None, count: int) -> list[frozenset[str]]:
     return [frozenset(decode_entity_id(t) for t in e[1:].split(".") if t) for e in entries]
 
 
-def check_dcb_append(
+def _check_append(
     events: object, condition: object, idempotency_key: object, correlation_id: object, causation_id: object,
     note: object,
 ) -> tuple[str | None, str | None, str | None]:
@@ -253,7 +256,7 @@ def check_dcb_append(
     return key, correlation, causation
 
 
-def check_dcb_read(query: object, after: object, limit: object) -> None:
+def _check_read(query: object, after: object, limit: object) -> None:
     """Check a DCB read's arguments as every store does."""
     if not isinstance(query, Query):
         raise InvalidArgumentError(f"Invalid query: {_shown(query)}; give a Query (Query.all() for every event).")
@@ -277,12 +280,13 @@ def batch_messages(events: Sequence[TaggedEvent], checked: Sequence[str]) -> int
     return count
 
 
-def check_find_key(idempotency_key: object) -> str:
-    """The key a DCB ``find_append`` looks for, else :class:`InvalidArgumentError`."""
+def _appended_entity(idempotency_key: object) -> StreamId:
+    """The entity of the DCB append keyed ``idempotency_key`` (what ``find_append`` looks for), else
+    :class:`InvalidArgumentError`."""
     key = check_idempotency_key(idempotency_key)
     if key is None:
         raise InvalidArgumentError("find_append needs an idempotency_key (a non-empty str), not None.")
-    return key
+    return dcb_stream_id(key, escape_key(key))
 
 
 def dcb_stream_id(key: str | None, append_id: str) -> StreamId:
@@ -325,10 +329,46 @@ class QueryResult:
     position: int
 
 
-class DcbLog(Protocol):
-    """Reads by query and conditional appends of tagged events; both stores pass one contract suite."""
+class DcbCommit(NamedTuple):
+    """A DCB append's commit as it is to be stored: its headers and body (``Es-Tags`` included), and the tags its
+    condition is checked through (:func:`check_tags`; none without a condition)."""
 
-    async def read(self, query: Query, *, after: int = 0, limit: int | None = None) -> QueryResult: ...
+    commit: Commit
+    headers: dict[str, str]
+    body: bytes
+    checked: list[str]
+
+    @property
+    def stream_id(self) -> StreamId:
+        """The entity ``Dcb/<append id>`` the commit is stored on."""
+        return self.commit.request.stream_id
+
+
+class DcbLog(ABC):
+    """Reads by query and conditional appends of tagged events (``store.dcb``). Both stores keep this contract, and
+    pass one contract suite: this class checks the arguments and builds an append's commit, each store reads,
+    checks the condition and stores in its own way.
+
+    Example::
+
+        result = await store.dcb.read(Query.of(types=["StudentSubscribed"], tags=["course:c1"]))
+        await store.dcb.append([TaggedEvent(StudentSubscribed(...), {"course:c1", "student:s1"})],
+                               condition=AppendCondition(query, after=result.position))
+    """
+
+    def __init__(self, registry: TypeRegistry, subject_prefix: str) -> None:
+        self._registry = registry
+        self._prefix = subject_prefix
+
+    async def ensure_index(self) -> None:
+        """Prepare the store for DCB appends (idempotent); nothing to do unless the store says otherwise."""
+
+    async def read(self, query: Query, *, after: int = 0, limit: int | None = None) -> QueryResult:
+        """The DCB events matching ``query`` stored after ``after``, in stream order, at most ``limit``; and the
+        position read up to (see :class:`QueryResult`)."""
+        _check_read(query, after, limit)
+        await self._check_ready()
+        return await self._read(query, after, limit)
 
     async def append(
         self,
@@ -339,6 +379,48 @@ class DcbLog(Protocol):
         correlation_id: str | None = None,
         causation_id: str | None = None,
         note: str | None = None,
-    ) -> AppendResult: ...
+    ) -> AppendResult:
+        """Append ``events`` atomically if ``condition`` holds, checked in the same commit (by the server, on
+        JetStream).
 
-    async def find_append(self, idempotency_key: str) -> AppendResult | None: ...
+        Raises :class:`AppendConditionError` naming the first conflicting position when it does not. With an
+        ``idempotency_key`` a retry (also after a lost acknowledgement, at any later time) stores nothing and
+        returns the first write's result with ``duplicate=True``. Other errors as :meth:`EventStore.append`.
+        """
+        key, correlation, causation = _check_append(events, condition, idempotency_key, correlation_id,
+                                                    causation_id, note)
+        await self._check_ready()
+        append_id = escape_key(key) if key is not None else secrets.token_hex(16)
+        stream_id = dcb_stream_id(key, append_id)
+        commit = build_commit(self._registry, self._prefix, EntityAppend(stream_id, [e.event for e in events], NO_STREAM),
+                              msg_id(append_id, 0), key, note)
+        commit.previous = (0,)
+        headers, body = commit.encode(utc_now_text(), correlation, causation)
+        headers[Header.TAGS] = encode_tags([e.tags for e in events])
+        checked = [] if condition is None else check_tags(condition.query)
+        batch_messages(events, checked)  # the memory store refuses what the server refuses
+        return await self._append(DcbCommit(commit, headers, body, checked), events, condition)
+
+    async def find_append(self, idempotency_key: str) -> AppendResult | None:
+        """What the DCB append with exactly ``idempotency_key`` stored (``duplicate=True``, with its note), or None,
+        at any age."""
+        stream_id = _appended_entity(idempotency_key)
+        await self._check_ready()
+        return await self._find(stream_id)
+
+    async def _check_ready(self) -> None:
+        """Raise when the store cannot take DCB reads and appends yet."""
+
+    @abstractmethod
+    async def _read(self, query: Query, after: int, limit: int | None) -> QueryResult:
+        """:meth:`read`, its arguments checked."""
+
+    @abstractmethod
+    async def _append(
+        self, prepared: DcbCommit, events: Sequence[TaggedEvent], condition: AppendCondition | None
+    ) -> AppendResult:
+        """Store the ``prepared`` commit (of ``events``) if ``condition`` holds, once per append id; see :meth:`append`."""
+
+    @abstractmethod
+    async def _find(self, stream_id: StreamId) -> AppendResult | None:
+        """What the append whose commit is on ``stream_id`` stored (``duplicate=True``), or None."""

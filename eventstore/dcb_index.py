@@ -17,8 +17,9 @@ from typing import Final, NamedTuple
 
 from nats.aio.msg import Msg
 
-from .append import MAX_ENTITIES_PER_APPEND, Appender, LeaderWait
+from .commit import MAX_ENTITIES_PER_APPEND
 from .errors import EventDecodeError, ServerUnavailableError
+from .jetstream.direct import DirectGets, LeaderWait
 from .wire import Header
 
 __all__ = ["INDEX_POINTERS", "Last", "index_floor", "index_messages", "pointers", "scan"]
@@ -40,7 +41,7 @@ class Last(NamedTuple):
 
 def index_floor(after: int) -> int:
     """The position below which no index message of a commit after ``after`` lies: an index message precedes its
-    commit within one atomic batch (at most :data:`~.append.MAX_ENTITIES_PER_APPEND` messages). ``after`` itself
+    commit within one atomic batch (at most :data:`~.commit.MAX_ENTITIES_PER_APPEND` messages). ``after`` itself
     when it ends a batch, as every position a read or an append returns does; this covers any other."""
     return max(0, after - MAX_ENTITIES_PER_APPEND + 1)
 
@@ -56,15 +57,20 @@ def pointers(headers: Mapping[str, str], seq: int) -> tuple[int, ...] | None:
     except ValueError:
         found = ()
     if not found or found[-1] < 0 or found[0] >= seq or any(a <= b for a, b in zip(found, found[1:])):
-        raise EventDecodeError(
-            f"Malformed DCB index message at position {seq}: Es-Previous {text[:60]!r} is not a list of decreasing "
-            "positions below it. It was not written by jetsourcing; keep foreign messages off the index subjects."
-        )
+        raise _foreign(f"the index message at position {seq} has Es-Previous {text[:60]!r}, not a list of "
+                       "decreasing positions below it")
     return found
 
 
+def _foreign(what: str) -> EventDecodeError:
+    """The error for a DCB index holding a message jetsourcing did not write: ``what`` says what was found."""
+    return EventDecodeError(
+        f"Malformed DCB index: {what}. It was not written by jetsourcing; keep foreign messages off the index subjects."
+    )
+
+
 async def index_messages(
-    appender: Appender, subject: str, last: Last, after: int, timeout_s: float
+    direct: DirectGets, subject: str, last: Last, after: int, timeout_s: float
 ) -> list[tuple[int, Mapping[str, str]]]:
     """Every message on ``subject`` after ``after`` up to ``last`` (inclusive), newest first, as (seq, headers)."""
     if last.seq <= after:
@@ -73,20 +79,20 @@ async def index_messages(
     previous = pointers(last.headers, last.seq)
     while previous is not None:
         wanted = [p for p in previous if p > after]
-        for msg in await _get_each(appender, subject, wanted, timeout_s):
+        for msg in await _get_each(direct, subject, wanted, timeout_s):
             headers = msg.headers or {}
             found.append((int(headers[Header.SEQUENCE]), headers))
         if len(wanted) < len(previous):  # reached ``after``, or the subject's start (a 0)
             return found
         previous = pointers(found[-1][1], found[-1][0])
-    return found + (await scan(appender, subject, after, found[-1][0], timeout_s))[-2::-1]  # (it ends with found[-1])
+    return found + (await scan(direct, subject, after, found[-1][0], timeout_s))[-2::-1]  # (it ends with found[-1])
 
 
-async def _get_each(appender: Appender, subject: str, positions: list[int], timeout_s: float) -> list[Msg]:
+async def _get_each(direct: DirectGets, subject: str, positions: list[int], timeout_s: float) -> list[Msg]:
     """The messages at ``positions``, all on ``subject``; retried while a replica that answers lacks one."""
     wait = LeaderWait(timeout_s)
     while True:
-        msgs = await appender.get_each(positions, what="Reading a DCB index")
+        msgs = await direct.get_each(positions, what="Reading a DCB index")
         if all(m is not None for m in msgs):
             break
         if not await wait.again():
@@ -97,15 +103,12 @@ async def _get_each(appender: Appender, subject: str, positions: list[int], time
     got = [m for m in msgs if m is not None]
     for p, msg in zip(positions, got):
         if (msg.headers or {}).get(Header.SUBJECT) != subject:
-            raise EventDecodeError(
-                f"A back pointer on the DCB index {subject} leads to position {p}, which holds no message of it. "
-                "The index was written by another program; keep foreign messages off the index subjects."
-            )
+            raise _foreign(f"a back pointer on {subject} leads to position {p}, which holds no message of it")
     return got
 
 
 async def scan(
-    appender: Appender, subject: str, after: int, last: int, timeout_s: float
+    direct: DirectGets, subject: str, after: int, last: int, timeout_s: float
 ) -> list[tuple[int, Mapping[str, str]]]:
     """The messages on ``subject`` after ``after`` up to ``last`` (a message on it), oldest first, read by
     ``next_by_subj`` from a replica that holds ``last`` (retried while the one that answers does not)."""
@@ -114,7 +117,7 @@ async def scan(
     wait = LeaderWait(timeout_s)
     while True:
         found: list[tuple[int, Mapping[str, str]]] = []
-        async for page in appender.subject_pages(subject, after + 1, what="Reading a DCB index"):
+        async for page in direct.subject_pages(subject, after + 1, what="Reading a DCB index"):
             for msg in page:
                 headers = msg.headers or {}
                 reached = int(headers[Header.SEQUENCE])

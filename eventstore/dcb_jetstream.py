@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import secrets
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -34,23 +33,8 @@ from typing import TYPE_CHECKING
 from nats.aio.msg import Msg
 from nats.js.errors import NotFoundError
 
-from .append import MAX_ENTITIES_PER_APPEND, EntityAppend, LeaderWait, _Conflict, build_commit, check_commit_size
-from .dcb import (
-    DCB_CATEGORY,
-    AppendCondition,
-    Query,
-    QueryResult,
-    SequencedEvent,
-    TaggedEvent,
-    batch_messages,
-    check_dcb_append,
-    check_dcb_read,
-    check_find_key,
-    check_tags,
-    dcb_stream_id,
-    decode_tags,
-    encode_tags,
-)
+from .commit import MAX_ENTITIES_PER_APPEND, check_commit_size
+from .dcb import DCB_CATEGORY, AppendCondition, DcbCommit, DcbLog, Query, QueryResult, SequencedEvent, TaggedEvent, decode_tags
 from .dcb_index import INDEX_POINTERS, Last, index_floor, index_messages, pointers, scan
 from .errors import (
     AppendConditionError,
@@ -60,10 +44,12 @@ from .errors import (
     StreamConfigError,
     map_nats_error,
 )
-from .events import NO_STREAM, AppendResult
+from .events import AppendResult
 from .jetstream.api import Subjects
+from .jetstream.direct import LeaderWait
+from .sending import Conflict
 from .streams import StreamId, encode_entity_id
-from .wire import Header, decode_commit, escape_key, msg_id, note_of, utc_now_text
+from .wire import Header, decode_commit, note_of
 
 if TYPE_CHECKING:
     from .store import EventStore
@@ -83,20 +69,16 @@ def _carrier_subject(prefix: str) -> str:
     return f"{prefix}_tags._.check"
 
 
-class JetStreamDcb:
+class JetStreamDcb(DcbLog):
     """Reads by :class:`~.dcb.Query` and conditional appends of :class:`~.dcb.TaggedEvent`, on an
-    :class:`~eventstore.EventStore`'s stream (``store.dcb``); see the module docs for the layout.
-
-    The stream must also store ``<prefix>_tags.>``: :meth:`ensure_index` adds it. Example::
-
-        result = await store.dcb.read(Query.of(types=["StudentSubscribed"], tags=["course:c1"]))
-        await store.dcb.append([TaggedEvent(StudentSubscribed(...), {"course:c1", "student:s1"})],
-                               condition=AppendCondition(query, after=result.position))
+    :class:`~eventstore.EventStore`'s stream (``store.dcb``; the contract and an example: :class:`~.dcb.DcbLog`);
+    see the module docs for the layout. The stream must also store ``<prefix>_tags.>``: :meth:`ensure_index`
+    adds it.
     """
 
     def __init__(self, store: "EventStore", cache_size: int = 100_000) -> None:
+        super().__init__(store.registry, store.settings.subject_prefix)
         self._store = store
-        self._prefix = store.settings.subject_prefix
         self._ready = False
         # subject -> (E, C, P, pointers): the subject's last message is E, of the commit at C, at every position in
         # [C, P]; E's verified back pointers, when known (None: unknown).
@@ -163,19 +145,14 @@ class JetStreamDcb:
 
     # -- reading --------------------------------------------------------------
 
-    async def read(self, query: Query, *, after: int = 0, limit: int | None = None) -> QueryResult:
-        """The DCB events matching ``query`` stored after ``after``, in stream order, at most ``limit``; and the
-        position read up to (see :class:`~.dcb.QueryResult`).
-
-        Cost: per query item, the index of its least tag (:mod:`.dcb_index`; for an item without tags, a scan of
+    async def _read(self, query: Query, after: int, limit: int | None) -> QueryResult:
+        """:meth:`~.dcb.DcbLog.read` on the stream. Cost: per query item, the index of its least tag (:mod:`.dcb_index`; for an item without tags, a scan of
         the DCB commits), then the candidate commits in one direct get. Complete up to the position even on a
         cluster whose replicas lag: each index is read from its last message as the leader knows it.
         """
-        check_dcb_read(query, after, limit)
-        await self._check_ready()
         what = "Reading a DCB query"
         timeout_s = self._store.settings.request_timeout_s
-        appender = self._store._appender
+        direct = self._store._appender.direct
         head = await self._store.last_position()
         subjects: dict[str, bool] = {}  # subject to read -> whether it is an index (else: the commits themselves)
         for item in query.items:
@@ -185,8 +162,8 @@ class JetStreamDcb:
                 subjects[f"{self._prefix}.{DCB_CATEGORY}.*"] = False
         lasts = await asyncio.gather(*(self._leader_last(s, what) for s in subjects))
         found = await asyncio.gather(*(
-            index_messages(appender, subject, last, index_floor(after), timeout_s) if is_index
-            else scan(appender, subject, after, last.seq, timeout_s)
+            index_messages(direct, subject, last, index_floor(after), timeout_s) if is_index
+            else scan(direct, subject, after, last.seq, timeout_s)
             for (subject, is_index), last in zip(subjects.items(), lasts)
         ))
         candidates: dict[int, str] = {}  # commit position -> its subject
@@ -220,7 +197,7 @@ class JetStreamDcb:
         of each subject (the only one), as a batch in stream order."""
         wait = LeaderWait(self._store.settings.request_timeout_s)
         while True:
-            msgs = await self._store._appender.direct_get(
+            msgs = await self._store._appender.direct.direct_get(
                 {"multi_last": subjects, "batch": len(subjects)}, what="Reading DCB events"
             )
             if [int((m.headers or {})[Header.SEQUENCE]) for m in msgs] == positions:
@@ -243,32 +220,12 @@ class JetStreamDcb:
 
     # -- appending ------------------------------------------------------------
 
-    async def append(
-        self,
-        events: Sequence[TaggedEvent],
-        *,
-        condition: AppendCondition | None = None,
-        idempotency_key: str | None = None,
-        correlation_id: str | None = None,
-        causation_id: str | None = None,
-        note: str | None = None,
+    async def _append(
+        self, prepared: DcbCommit, events: Sequence[TaggedEvent], condition: AppendCondition | None
     ) -> AppendResult:
-        """Append ``events`` atomically if ``condition`` holds, checked by the server in the same commit.
-
-        Raises :class:`AppendConditionError` naming the first conflicting position when it does not. With an
-        ``idempotency_key`` a retry (also after a lost acknowledgement, at any later time) stores nothing and
-        returns the first write's result with ``duplicate=True``. Other errors as :meth:`EventStore.append`.
-        """
-        key, correlation, causation = check_dcb_append(events, condition, idempotency_key, correlation_id,
-                                                       causation_id, note)
-        await self._check_ready()
-        append_id = escape_key(key) if key is not None else secrets.token_hex(16)
-        stream_id = dcb_stream_id(key, append_id)
-        commit = build_commit(self._store.registry, self._prefix, EntityAppend(stream_id, [e.event for e in events], NO_STREAM),
-                              msg_id(append_id, 0), key, note)
-        commit.previous = (0,)
-        headers, body = commit.encode(utc_now_text(), correlation, causation)
-        headers[Header.TAGS] = encode_tags([e.tags for e in events])
+        """:meth:`~.dcb.DcbLog.append` on the stream: the condition is checked by the server in the same commit."""
+        commit, headers, body, checked = prepared
+        stream_id = prepared.stream_id
         written = sorted({index_subject(self._prefix, t) for e in events for t in e.tags})
         # The index messages first, the commit last: a reader of the event subjects meets the commit as a whole
         # batch (it carries the batch's commit header), and an append's position ends its batch. No msg ids on
@@ -276,8 +233,6 @@ class JetStreamDcb:
         # known msg id), and its own check stores it once at any age.
         entity = stream_id.subject(self._prefix).rpartition(".")[2]
         messages = [(subject, {Header.COMMIT_ENTITY: entity}, b"") for subject in written]
-        checked = [] if condition is None else check_tags(condition.query)
-        batch_messages(events, checked)
         subjects = [index_subject(self._prefix, t) for t in checked]
         expected = await self._expected(subjects, condition.after if condition else 0, checked)
         free = [m for m in messages if m[0] not in expected]
@@ -305,26 +260,26 @@ class JetStreamDcb:
             check_commit_size(commit, sent[-1][1], sent[-1][2], self._store.nc.max_payload)
 
         async def stored() -> bool:
-            return await self._stored(stream_id) is not None
+            return await self._find(stream_id) is not None
 
         try:
-            ack = await self._store._appender.send(
+            ack = await self._store._appender.sender.send(
                 messages, target=str(stream_id), others=f"{len(messages) - 1} index messages",
                 check_size=check_size, stored=stored,
             )
-        except _Conflict as conflict:
-            found = await self._stored(stream_id)
+        except Conflict as conflict:
+            found = await self._find(stream_id)
             if found is not None:
                 return found
             if conflict.duplicate_id:
                 raise InvalidEventError(
-                    f"The idempotency key {key!r:.60} was already used by another append; nothing was stored. "
+                    f"The idempotency key {commit.key!r:.60} was already used by another append; nothing was stored. "
                     "Use one key per append."
                 ) from None
             raise await self._conflict(subjects, condition.after if condition else 0, checked) from None
         position = int(ack["seq"])  # the commit's, the batch's last
         if ack.get("duplicate"):
-            found = await self._stored(stream_id)
+            found = await self._find(stream_id)
             assert found is not None
             return found
         first = position - len(messages) + 1
@@ -335,13 +290,6 @@ class JetStreamDcb:
             if subject not in written:
                 self._learn(subject, value, at, last, before)
         return AppendResult(stream_id, position, 1, len(events), False, None)
-
-    async def find_append(self, idempotency_key: str) -> AppendResult | None:
-        """What the DCB append with exactly ``idempotency_key`` stored (``duplicate=True``, with its note), or None;
-        asked of the stream's leader, at any age."""
-        key = check_find_key(idempotency_key)
-        await self._check_ready()
-        return await self._stored(dcb_stream_id(key, escape_key(key)))
 
     async def _expected(
         self, subjects: list[str], after: int, tags: list[str]
@@ -376,7 +324,7 @@ class JetStreamDcb:
             # An index message precedes its commit: the first one of a commit after ``after`` lies after the
             # stream's last whole batch before it, at most a batch's length before ``after`` (when ``after`` is
             # not the end of a batch: every position reads and appends return is).
-            msgs = await self._store._appender.direct_get(
+            msgs = await self._store._appender.direct.direct_get(
                 {"seq": index_floor(after) + 1, "next_by_subj": subject, "batch": MAX_ENTITIES_PER_APPEND},
                 what="Finding a DCB conflict",
             )
@@ -385,7 +333,7 @@ class JetStreamDcb:
             firsts += [c for c in commits if c > after][:1]
         return AppendConditionError(after, min(firsts) if firsts else None, tags)
 
-    async def _stored(self, stream_id: StreamId) -> AppendResult | None:
+    async def _find(self, stream_id: StreamId) -> AppendResult | None:
         """What an earlier send of the append with this commit subject stored, if any (``duplicate=True``)."""
         # Asked of the leader: a replica may not hold the commit yet, and a stored commit is never a conflict.
         store = self._store

@@ -22,7 +22,7 @@ what was wrong and what to do about it::
     └── ImportPathError           user code named as ``module:attr`` cannot be imported (also ImportError)
 
 Backend errors (nats-py exceptions, JetStream ``err_code`` values) are turned
-into these at one boundary, :func:`eventstore.append`'s reply handling and
+into these at one boundary, :class:`~.sending.Sender`'s reply handling and
 :func:`map_nats_error`, always with ``raise ... from exc``.
 """
 
@@ -214,6 +214,14 @@ def store_closed(what: str) -> EventStoreClosedError:
 
 class StreamConfigError(EventStoreError):
     """The JetStream stream exists with settings that are unsafe or incompatible for an event store."""
+
+
+def what_was_stored(resent: bool) -> str:
+    """What a failed append says of its sends: an unanswered earlier send may have been stored."""
+    if resent:
+        return ("An earlier send went unanswered and may have been stored: retry with the same idempotency key to "
+                "find out safely.")
+    return "Nothing was stored by this call."
 
 
 def server_unavailable(what: str, timeout_s: float, exc: BaseException) -> ServerUnavailableError:

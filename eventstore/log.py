@@ -8,7 +8,7 @@ from typing import Protocol
 
 from pydantic import BaseModel
 
-from .append import EntityAppend
+from .commit import EntityAppend
 from .events import AppendResult, ExpectedVersion, RecordedEvent, StreamState
 from .registry import TypeRegistry
 from .settings import EventStoreSettings

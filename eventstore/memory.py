@@ -22,7 +22,7 @@ from types import TracebackType
 
 from pydantic import BaseModel
 
-from .append import EntityAppend, build_commit, check_append, check_commit_size
+from .commit import EntityAppend, build_commit, check_append, check_commit_size
 from .dcb_memory import InMemoryDcb
 from .errors import ConcurrencyError, InvalidEventError
 from .events import ANY, NO_STREAM, AppendResult, ExpectedVersion, RecordedEvent, StreamState

@@ -42,7 +42,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js.errors import NotFoundError
 
-from .append import Appender
+from .entity_commits import EntityCommits
 from .errors import HistoryGapError, map_nats_error
 from .history import check_history
 from .jetstream.replay import Commits, NativeRun, OrderedReplay, Parsed, Part, Scanner
@@ -108,12 +108,12 @@ class Reader:
     """Reads commits back as :class:`RecordedEvent` objects; one per event store connection."""
 
     def __init__(
-        self, nc: NATS, appender: Appender, settings: EventStoreSettings, registry: TypeRegistry,
+        self, nc: NATS, entities: EntityCommits, settings: EventStoreSettings, registry: TypeRegistry,
         replays: SharedConnection,
     ) -> None:
         self._nc = nc
         self._replays = replays
-        self._appender = appender
+        self._entities = entities
         self._settings = settings
         self._registry = registry
         self._prefix = settings.subject_prefix
@@ -157,7 +157,7 @@ class Reader:
             try:
                 events = await self._load(stream_id, from_position, from_version, None)
             except HistoryGapError:
-                self._appender.mark_broken(stream_id)  # nothing is appended on it until it reads whole
+                self._entities.mark_broken(stream_id)  # nothing is appended on it until it reads whole
                 raise
         if from_version > 1 or to_version is not None:
             high = to_version if to_version is not None else events[-1].version if events else 0
@@ -172,7 +172,7 @@ class Reader:
         subject = stream_id.subject(self._prefix)
         events: list[RecordedEvent] = []
         if consistent is False:
-            self._decode_commits(stream_id, await self._appender.commits(stream_id, from_position=from_position), events)
+            self._decode_commits(stream_id, await self._entities.commits(stream_id, from_position=from_position), events)
             # (commits() checked the history, and remembered the entity's last commit for the next append)
         else:
             # The entity's last position as the stream's leader knows it (a message get), then the usual walk,
@@ -187,7 +187,7 @@ class Reader:
             last = int(newest.seq or 0)
             if last < from_position:
                 return []
-            msgs = await self._appender.commits(stream_id, from_position=from_position) if consistent else []
+            msgs = await self._entities.commits(stream_id, from_position=from_position) if consistent else []
             if msgs and int((msgs[-1].headers or {})[Header.SEQUENCE]) >= last:
                 self._decode_commits(stream_id, msgs, events)
             else:
@@ -221,10 +221,10 @@ class Reader:
         for seq, headers, body in commits:
             events.extend(decode_commit(stream_id, seq, headers, body, self._registry))
         if from_position <= 1:
-            self._appender.mark_whole(stream_id)
+            self._entities.mark_whole(stream_id)
         if commits:
             seq, headers, _ = commits[-1]
-            self._appender.remember(stream_id, events[-1].version, seq, commit_previous(headers, stream_id))
+            self._entities.remember(stream_id, events[-1].version, seq, commit_previous(headers, stream_id))
 
     def _decode_commits(self, stream_id: StreamId, msgs: list[Msg], events: list[RecordedEvent]) -> None:
         for msg in msgs:

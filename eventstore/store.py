@@ -36,7 +36,8 @@ from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfi
 from pydantic import BaseModel
 
 from . import nats_options, security
-from .append import Appender, EntityAppend
+from .append import Appender
+from .commit import EntityAppend
 from .connection import connect as connect_nats
 from .dcb_jetstream import JetStreamDcb
 from .errors import AuthenticationError, InvalidArgumentError, ServerUnavailableError, StreamConfigError, map_nats_error
@@ -204,7 +205,7 @@ class EventStore:
             ping_interval_s=self.settings.ping_interval_s, max_outstanding_pings=self.settings.max_outstanding_pings,
             inbox_prefix=nc.new_inbox().rpartition(".")[0],  # nc's inbox_prefix: a user may be allowed only that
         )
-        self._reader = Reader(nc, self._appender, self.settings, self.registry, self._replays)
+        self._reader = Reader(nc, self._appender.entities, self.settings, self.registry, self._replays)
         self._connection_log: _ConnectionLog | None = None  # set by connect(), which owns the callbacks
         self._never_lost = asyncio.Event()
 
@@ -528,7 +529,7 @@ class EventStore:
         within the duplicate window); from a known commit's position, in one read.
         """
         check_find_append(stream_id, idempotency_key, from_position)
-        return await self._appender.find_append(stream_id, idempotency_key, from_position)
+        return await self._appender.entities.find_append(stream_id, idempotency_key, from_position)
 
     def remember(self, stream_id: StreamId, version: int, position: int) -> None:
         """Tell the store an entity's (version, position), e.g. from a snapshot, to save a lookup on append.
@@ -536,7 +537,7 @@ class EventStore:
         Both are ints >= 0, and 0 together (an entity without events); else :class:`InvalidArgumentError`.
         """
         check_remember(stream_id, version, position)
-        self._appender.remember(stream_id, version, position)
+        self._appender.entities.remember(stream_id, version, position)
 
     # -- reading ------------------------------------------------------------
 
@@ -743,7 +744,7 @@ class EventStore:
     async def state(self, stream_id: StreamId) -> StreamState:
         """An entity's current version and the position of its last commit, from the server."""
         check_stream_id("stream_id", stream_id)
-        return await self._appender.state(stream_id)
+        return await self._appender.entities.state(stream_id)
 
     async def version(self, stream_id: StreamId) -> int:
         """An entity's current version (its number of events; 0 if it has none)."""
@@ -780,7 +781,7 @@ class EventStore:
         firsts: list[tuple[int, str]] = []
         what = f"Counting the commits after position {after}"
         for subject in self.filter_subjects(categories):  # disjoint filters: their counts add up
-            for msg in await self._appender.direct_get({"seq": after + 1, "next_by_subj": subject, "batch": 1}, what=what):
+            for msg in await self._appender.direct.direct_get({"seq": after + 1, "next_by_subj": subject, "batch": 1}, what=what):
                 headers = msg.headers or {}
                 commits += int(headers[Header.NUM_PENDING]) + 1
                 firsts.append((int(headers[Header.SEQUENCE]), headers.get(Header.RECORDED_AT, "")))
@@ -827,7 +828,7 @@ class EventStore:
         # The server answers a multi-last get for at most 1,024 subjects (413 beyond).
         for start in range(0, len(subjects), 1000):
             chunk = subjects[start : start + 1000]
-            for msg in await self._appender.direct_get({"multi_last": chunk, "batch": len(chunk)}, what=what):
+            for msg in await self._appender.direct.direct_get({"multi_last": chunk, "batch": len(chunk)}, what=what):
                 headers = msg.headers or {}
                 versions[headers[Header.SUBJECT]] = commit_version(headers, headers[Header.SUBJECT])
         return versions

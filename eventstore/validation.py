@@ -20,7 +20,7 @@ from .events import ANY, NO_STREAM, ExpectedVersion
 from .streams import StreamId, validate_category
 
 if TYPE_CHECKING:
-    from .append import EntityAppend
+    from .commit import EntityAppend
 
 __all__ = [
     "check_bool",

@@ -1,5 +1,5 @@
-"""The JetStream wire: API subjects and error codes, the ordered replay, the bulk-read transport, and the
-retry that waits out an election (:mod:`.not_now`).
+"""The JetStream wire: API subjects and error codes, the ordered replay, the bulk-read transport, direct gets
+(:mod:`.direct`), and the retry that waits out an election (:mod:`.not_now`).
 
 Everything that speaks JetStream's protocol below nats-py's public client
 lives here, once; the rest of the framework goes through these modules.

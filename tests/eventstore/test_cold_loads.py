@@ -81,8 +81,8 @@ async def test_a_spread_out_entity_loads_by_its_pointers_exactly_as_a_scan_reads
         written.append(await store.append(entity, events, expected))
         await noise(store, GAP if i % 5 == 0 else 50)
     await noise(store)
-    by_scan = await store._appender.commits(entity, how="scan")
-    by_chain = await store._appender.commits(entity, how="chain")
+    by_scan = await store._appender.entities.commits(entity, how="scan")
+    by_chain = await store._appender.entities.commits(entity, how="chain")
     def commits(msgs: list[Msg]) -> list[tuple[str, str, bytes]]:
         return [((m.headers or {})[Header.SEQUENCE], (m.headers or {})[Header.MSG_ID], m.data) for m in msgs]
 

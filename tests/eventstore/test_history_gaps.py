@@ -189,11 +189,11 @@ async def test_append_refuses_to_build_on_a_foreign_last_message(store: EventSto
 async def test_a_batch_answer_missing_a_message_is_never_taken_for_a_shorter_history(store: EventStore) -> None:
     """The server chains the messages of a direct get batch (each names the one before): one lost on the way is
     seen, whichever it is, and an answer as the server sent it is whole."""
-    from eventstore.append import _lost_reply
+    from eventstore.jetstream.direct import _lost_reply
 
     entity, _ = await history(store, "dense", 4)
     subject = entity.subject(store.settings.subject_prefix)
-    inbox, direct_get = store._inbox, store._appender._subjects.direct_get()
+    inbox, direct_get = store._inbox, store._appender.direct._subjects.direct_get()
     for request in ({"seq": 1, "next_by_subj": subject, "batch": 10}, {"multi_last": [subject], "batch": 1}):
         answer = await inbox.request(direct_get, json.dumps(request).encode(), 5.0, what="test", many=True)
         assert not _lost_reply(answer)
