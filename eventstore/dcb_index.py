@@ -12,7 +12,7 @@ stream it crosses.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Final, NamedTuple
 
 from nats.aio.msg import Msg
@@ -22,7 +22,7 @@ from .errors import EventDecodeError, ServerUnavailableError
 from .jetstream.direct import DirectGets, LeaderWait
 from .wire import Header
 
-__all__ = ["INDEX_POINTERS", "Last", "index_floor", "index_messages", "pointers", "scan"]
+__all__ = ["INDEX_POINTERS", "IndexMessages", "Last", "index_floor", "index_messages", "pointers", "scan"]
 
 INDEX_POINTERS: Final = 16
 """How many earlier index messages' positions an index message holds: a read fetches that many per round trip.
@@ -69,19 +69,33 @@ def _foreign(what: str) -> EventDecodeError:
     )
 
 
+IndexMessages = list[tuple[int, Mapping[str, str]]]
+"""Index messages as (position, headers)."""
+
+
 async def index_messages(
-    direct: DirectGets, subject: str, last: Last, after: int, timeout_s: float
-) -> list[tuple[int, Mapping[str, str]]]:
-    """Every message on ``subject`` after ``after`` up to ``last`` (inclusive), newest first, as (seq, headers)."""
+    direct: DirectGets, subject: str, last: Last, after: int, timeout_s: float,
+    on_walked: Callable[[IndexMessages], None] | None = None,
+) -> IndexMessages:
+    """Every message on ``subject`` after ``after`` up to ``last`` (inclusive), newest first, as (seq, headers).
+
+    ``on_walked`` is called with each round trip's messages found by back pointers (the first with ``last``), as
+    soon as they arrive: a reader can fetch their commits while the walk goes on.
+    """
     if last.seq <= after:
         return []
-    found: list[tuple[int, Mapping[str, str]]] = [(last.seq, last.headers)]
+    found: IndexMessages = [(last.seq, last.headers)]
+    if on_walked is not None:
+        on_walked(found[:])
     previous = pointers(last.headers, last.seq)
     while previous is not None:
         wanted = [p for p in previous if p > after]
-        for msg in await _get_each(direct, subject, wanted, timeout_s):
-            headers = msg.headers or {}
-            found.append((int(headers[Header.SEQUENCE]), headers))
+        walked: IndexMessages = [
+            (int((m.headers or {})[Header.SEQUENCE]), m.headers or {}) for m in await _get_each(direct, subject, wanted, timeout_s)
+        ]
+        found += walked
+        if on_walked is not None and walked:
+            on_walked(walked)
         if len(wanted) < len(previous):  # reached ``after``, or the subject's start (a 0)
             return found
         previous = pointers(found[-1][1], found[-1][0])

@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from nats.aio.msg import Msg
@@ -35,7 +35,7 @@ from nats.js.errors import NotFoundError
 
 from .commit import MAX_ENTITIES_PER_APPEND, check_commit_size
 from .dcb import DCB_CATEGORY, AppendCondition, DcbCommit, DcbLog, Query, QueryResult, SequencedEvent, TaggedEvent, decode_tags
-from .dcb_index import INDEX_POINTERS, Last, index_floor, index_messages, pointers, scan
+from .dcb_index import INDEX_POINTERS, IndexMessages, Last, index_floor, index_messages, pointers, scan
 from .errors import (
     AppendConditionError,
     EventDecodeError,
@@ -147,7 +147,8 @@ class JetStreamDcb(DcbLog):
 
     async def _read(self, query: Query, after: int, limit: int | None) -> QueryResult:
         """:meth:`~.dcb.DcbLog.read` on the stream. Cost: per query item, the index of its least tag (:mod:`.dcb_index`; for an item without tags, a scan of
-        the DCB commits), then the candidate commits in one direct get. Complete up to the position even on a
+        the DCB commits), then the candidate commits by direct gets of many at once: without a ``limit``, each
+        round trip's commits are fetched while the index walk goes on. Complete up to the position even on a
         cluster whose replicas lag: each index is read from its last message as the leader knows it.
         """
         what = "Reading a DCB query"
@@ -161,36 +162,48 @@ class JetStreamDcb(DcbLog):
             else:
                 subjects[f"{self._prefix}.{DCB_CATEGORY}.*"] = False
         lasts = await asyncio.gather(*(self._leader_last(s, what) for s in subjects))
-        found = await asyncio.gather(*(
-            index_messages(direct, subject, last, index_floor(after), timeout_s) if is_index
-            else scan(direct, subject, after, last.seq, timeout_s)
-            for (subject, is_index), last in zip(subjects.items(), lasts)
-        ))
-        candidates: dict[int, str] = {}  # commit position -> its subject
-        for (subject, is_index), msgs in zip(subjects.items(), found):
-            seen: tuple[int, int, tuple[int, ...] | None] = (0, 0, (0,))
-            for seq, headers in msgs:
-                if is_index:
-                    commit = seq + int(headers[Header.COMMIT_OFFSET])
-                    candidates[commit] = f"{self._prefix}.{DCB_CATEGORY}.{headers[Header.COMMIT_ENTITY]}"
-                    if seen[0] < seq <= head:
-                        seen = (seq, commit, pointers(headers, seq))
-                else:
-                    candidates[seq] = headers[Header.SUBJECT]
-            if is_index and after == 0:  # head is a batch boundary: no later commit has a message up to it
-                self._learn(subject, *seen[:2], head, seen[2])
-        events: list[SequencedEvent] = []
-        ordered = sorted(p for p in candidates if after < p <= head)
-        for start in range(0, len(ordered), _GET_CHUNK):
-            chunk = ordered[start:start + _GET_CHUNK]
-            for position, msg in zip(chunk, await self._get(chunk, [candidates[p] for p in chunk])):
-                for event in self._decode(position, msg):
-                    if query.matches(event.type, event.tags):
-                        events.append(event)
-            if limit is not None and len(events) >= limit:
-                events = events[:limit]
-                return QueryResult(events, events[-1].position)
-        return QueryResult(events, head)
+        fetched = _Prefetch(self, after, head)
+        try:
+            found = await asyncio.gather(*(
+                index_messages(direct, subject, last, index_floor(after), timeout_s,
+                               fetched.walked if limit is None else None) if is_index
+                else scan(direct, subject, after, last.seq, timeout_s)
+                for (subject, is_index), last in zip(subjects.items(), lasts)
+            ))
+            candidates: dict[int, str] = {}  # commit position -> its subject
+            for (subject, is_index), msgs in zip(subjects.items(), found):
+                seen: tuple[int, int, tuple[int, ...] | None] = (0, 0, (0,))
+                for seq, headers in msgs:
+                    if is_index:
+                        commit = seq + int(headers[Header.COMMIT_OFFSET])
+                        candidates[commit] = self._commit_subject(headers)
+                        if seen[0] < seq <= head:
+                            seen = (seq, commit, pointers(headers, seq))
+                    else:
+                        candidates[seq] = headers[Header.SUBJECT]
+                if is_index and after == 0:  # head is a batch boundary: no later commit has a message up to it
+                    self._learn(subject, *seen[:2], head, seen[2])
+            got = await fetched.results()
+            events: list[SequencedEvent] = []
+            ordered = sorted(p for p in candidates if after < p <= head)
+            for start in range(0, len(ordered), _GET_CHUNK):
+                chunk = ordered[start:start + _GET_CHUNK]
+                if any(p not in got for p in chunk):
+                    got.update(zip(chunk, await self._get(chunk, [candidates[p] for p in chunk])))
+                for position in chunk:
+                    for event in self._decode(position, got[position]):
+                        if query.matches(event.type, event.tags):
+                            events.append(event)
+                if limit is not None and len(events) >= limit:
+                    events = events[:limit]
+                    return QueryResult(events, events[-1].position)
+            return QueryResult(events, head)
+        finally:
+            await fetched.cancel()
+
+    def _commit_subject(self, headers: Mapping[str, str]) -> str:
+        """The subject of the commit an index message with these headers belongs to."""
+        return f"{self._prefix}.{DCB_CATEGORY}.{headers[Header.COMMIT_ENTITY]}"
 
     async def _get(self, positions: list[int], subjects: list[str]) -> list[Msg]:
         """The commits at ``positions`` on ``subjects`` (each a commit's own), in one direct get: the last message
@@ -347,3 +360,36 @@ class JetStreamDcb(DcbLog):
         headers = msg.headers or {}
         count = headers[Header.TYPE].count(",") + 1
         return AppendResult(stream_id, int(msg.seq or 0), 1, count, True, note_of(headers))
+
+
+class _Prefetch:
+    """The commits of index messages found by a read's walk, fetched while the walk goes on (one get per round
+    trip's messages, each commit once); positions past the read's ``head`` or not after ``after`` are left out."""
+
+    def __init__(self, dcb: JetStreamDcb, after: int, head: int) -> None:
+        self._dcb, self._after, self._head = dcb, after, head
+        self._asked: set[int] = set()
+        self._gets: list[tuple[list[int], asyncio.Task[list[Msg]]]] = []
+
+    def walked(self, msgs: IndexMessages) -> None:
+        """Start fetching the commits of ``msgs`` not asked for yet."""
+        commits = {seq + int(headers[Header.COMMIT_OFFSET]): self._dcb._commit_subject(headers) for seq, headers in msgs}
+        positions = sorted(p for p in commits if self._after < p <= self._head and p not in self._asked)
+        if positions:
+            self._asked.update(positions)
+            get = asyncio.ensure_future(self._dcb._get(positions, [commits[p] for p in positions]))
+            self._gets.append((positions, get))
+
+    async def results(self) -> dict[int, Msg]:
+        """Every fetched commit by position (raises what a get raised)."""
+        got: dict[int, Msg] = {}
+        for positions, get in self._gets:
+            got.update(zip(positions, await get))
+        return got
+
+    async def cancel(self) -> None:
+        """Stop the gets still running (a read that failed or returned early) and wait for every one to end."""
+        gets = [get for _, get in self._gets]
+        for get in gets:
+            get.cancel()  # nothing for those done
+        await asyncio.gather(*gets, return_exceptions=True)  # every outcome retrieved: none is reported as lost
