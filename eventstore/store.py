@@ -262,7 +262,7 @@ class EventStore:
         server = None
         url = settings.nats_url
         if url is None:
-            server = EmbeddedServer(settings.storage_dir, sync_always=settings.sync_always).start()
+            server = await EmbeddedServer(settings.storage_dir, sync_always=settings.sync_always).astart()
             url = server.url
             # A script that forgot NATS_URL would otherwise talk, unawares, to a server that no other process
             # knows of and that forgets everything when it ends. A storage_dir says it was meant: info, not warning.
