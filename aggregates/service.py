@@ -54,6 +54,7 @@ from eventstore import (
     stop_task,
 )
 
+from eventstore.connection import flush
 from eventstore.validation import check_bool, check_int, check_seconds
 from eventstore.wire import MAX_NOTE_BYTES, escape_key
 
@@ -238,7 +239,7 @@ class CommandService:
             # Twice: nats-py writes a flush's PING at once, ahead of SUBs still queued for its flusher task, so the
             # first PONG can come before the server has the interest; the second PING follows the SUBs.
             for _ in range(2):
-                await nc.flush(timeout=math.ceil(self.store.settings.request_timeout_s))
+                await flush(nc, self.store.settings.request_timeout_s)
         except Exception as exc:
             subs, self._subs = self._subs, []
             for sub in subs:

@@ -17,6 +17,18 @@ server without TLS when TLS was asked for; and it bounds the whole first
 connection, which nats-py does not: each attempt may wait ``connect_timeout``
 for each step of the handshake (INFO, TLS, PONG), and a server that accepts the
 connection but stays silent would be tried again for every attempt.
+
+And its flushes (:func:`flush`) can give up without breaking the connection.
+nats-py 2.16 keeps one future per PING sent and sets the oldest one's result
+when a PONG comes, without checking it is still pending: a flush that timed
+out (its own ``timeout``, or a cancellation) left a cancelled future there, so
+the late PONG raises ``InvalidStateError`` and ends nats-py's read loop. The
+connection then looks connected while nothing arrives, until its unanswered
+PINGs (``max_outstanding_pings``, every ``ping_interval``) make nats-py drop
+it: a one-second stall cost about fourteen seconds (nats.py issue #624).
+:func:`flush` never lets nats-py give up while the PONG may still come, and
+:class:`Connection` flushes so, which covers the flushes nats-py makes itself
+(``Subscription.drain``, ``Client.drain``, a reconnect).
 """
 
 from __future__ import annotations
@@ -24,17 +36,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import ssl
 from typing import Any
 
-from nats.aio.client import Client
-from nats.errors import SecureConnWantedError
+from nats.aio.client import DEFAULT_FLUSH_TIMEOUT, DEFAULT_MAX_OUTSTANDING_PINGS, DEFAULT_PING_INTERVAL, Client
+from nats.errors import BadTimeoutError, FlushTimeoutError, SecureConnWantedError
 
 from .errors import AuthenticationError
 from .security import redact_url
 from .native import parse_header_lines
 
-__all__ = ["Connection", "HOOKS", "TESTED_NATS_PY", "connect", "parse_header_lines"]
+__all__ = ["Connection", "HOOKS", "TESTED_NATS_PY", "connect", "flush", "parse_header_lines"]
 
 TESTED_NATS_PY = ("2.16",)
 """The nats-py releases (major.minor) these hooks were tested against."""
@@ -45,6 +58,41 @@ HOOKS = ("_parse_header_lines", "_process_info", "_current_server", "_error_cb",
 log = logging.getLogger("jetsourcing.eventstore")
 
 _CLOSE_AFTER_FAILURE_S = 0.5
+
+_flushing: set[asyncio.Future[None]] = set()
+"""nats-py flushes still waiting for their PONG: referenced here until they end, as a caller may have given up."""
+
+
+async def flush(nc: Client, timeout_s: float) -> None:
+    """Wait until the server has processed everything sent on ``nc`` so far (a PING answered), at most ``timeout_s``.
+
+    Raises nats-py's ``FlushTimeoutError`` (an ``asyncio.TimeoutError``) when
+    no PONG came in time, as ``nc.flush`` does; but unlike ``nc.flush``, a
+    flush that times out or is cancelled leaves the connection working (see
+    the module). Works on any nats-py ``Client``, one the caller made included.
+    """
+    if timeout_s <= 0:
+        raise BadTimeoutError
+    # nats-py cancels its PING's future when its own timeout ends, so that timeout must outlast every PONG
+    # that can still come: past (max_outstanding_pings + 1) unanswered pings nats-py drops the connection,
+    # and a reconnect starts a new list of pending PINGs (the old future is then out of reach). Twice that
+    # leaves room for the pings answered late before ours, in order.
+    pings = nc.options.get("max_outstanding_pings", DEFAULT_MAX_OUTSTANDING_PINGS)
+    patience_s = max(timeout_s, 2 * (pings + 1) * nc.options.get("ping_interval", DEFAULT_PING_INTERVAL))
+    pinging = asyncio.ensure_future(Client.flush(nc, timeout=math.ceil(patience_s)))
+    _flushing.add(pinging)
+    pinging.add_done_callback(_flushed)
+    # asyncio.wait, not a timeout around the flush: giving up (or being cancelled) must not cancel it.
+    await asyncio.wait({pinging}, timeout=timeout_s)
+    if not pinging.done():
+        raise FlushTimeoutError
+    pinging.result()
+
+
+def _flushed(pinging: asyncio.Future[None]) -> None:
+    _flushing.discard(pinging)
+    if not pinging.cancelled():
+        pinging.exception()  # retrieved: a flush given up on may end in a timeout nobody waits for
 
 
 def _hopeless(exc: Exception) -> str | None:
@@ -142,6 +190,13 @@ class Connection(Client):
         finally:
             self._error_cb = callback  # connected (or given up): errors from now on are the caller's
 
+
+    async def flush(self, timeout: float = DEFAULT_FLUSH_TIMEOUT) -> None:
+        """nats-py's flush, except that one that times out or is cancelled leaves the connection working.
+
+        nats-py's own drains and reconnects flush through this method too (see :func:`flush`).
+        """
+        await flush(self, timeout)
 
     def reconnect_forever(self) -> None:
         """From now on, reconnect after a lost connection until closed (the first connect's attempts were bounded)."""

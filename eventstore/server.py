@@ -9,6 +9,7 @@ an orphan behind.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import contextlib
 import ctypes
@@ -53,6 +54,7 @@ def find_nats_server() -> str:
 def _die_with_parent() -> None:
     # Runs in the child between fork and exec: ask the kernel to SIGKILL the
     # server when the Python process that started it dies, however it dies.
+    # The kernel means the thread that forked: launch from one that lasts.
     with contextlib.suppress(Exception):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -142,8 +144,25 @@ class EmbeddedServer:
 
     def start(self) -> "EmbeddedServer":
         """Start the server (again, on the same port and storage) and wait until it accepts connections."""
-        if self.running:
-            return self
+        if not self.running:
+            self._wait_until_up(self._launch())
+        return self
+
+    async def astart(self) -> "EmbeddedServer":
+        """:meth:`start` for async code: the event loop goes on while the server comes up (JetStream
+        recovering a big storage directory can take seconds)."""
+        if not self.running:
+            # Launched from this thread, waited for in another: the server dies with the thread that
+            # launched it (see _die_with_parent), and a worker thread ends before this process does.
+            process = self._launch()
+            try:
+                await asyncio.to_thread(self._wait_until_up, process)
+            except asyncio.CancelledError:
+                self.kill()
+                raise
+        return self
+
+    def _launch(self) -> subprocess.Popen[bytes]:
         config = self._write_config()
         log = open(self.storage_dir / "nats-server.log", "ab")
         self._process = subprocess.Popen(
@@ -155,17 +174,22 @@ class EmbeddedServer:
         )
         log.close()
         _live_servers.add(self)
+        return self._process
+
+    def _wait_until_up(self, process: subprocess.Popen[bytes]) -> None:
+        """Return once ``process`` sends its INFO line; else kill it and raise :class:`EventStoreError`."""
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
-            if self._process.poll() is not None:
+            if process.poll() is not None:
                 break
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock:
                 # The INFO line arrives only once the server is fully up.
                 if sock.recv(4).startswith(b"INFO"):
-                    return self
+                    return
             time.sleep(0.02)
         tail = (self.storage_dir / "nats-server.log").read_text(errors="replace")[-2000:]
-        self.kill()
+        if self._process is process:
+            self.kill()
         raise EventStoreError(
             f"nats-server did not start on port {self.port} within {self.start_timeout_s:.0f}s. "
             f"Its log ends with:\n{tail}"

@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
 from collections.abc import AsyncIterator, Collection, Coroutine, Generator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -39,6 +38,7 @@ from . import nats_options, security
 from .append import Appender
 from .commit import EntityAppend
 from .connection import connect as connect_nats
+from .connection import flush
 from .dcb_jetstream import JetStreamDcb
 from .errors import AuthenticationError, InvalidArgumentError, ServerUnavailableError, StreamConfigError, map_nats_error
 from .events import ANY, AppendResult, ExpectedVersion, RecordedEvent, StreamState
@@ -262,7 +262,7 @@ class EventStore:
         server = None
         url = settings.nats_url
         if url is None:
-            server = EmbeddedServer(settings.storage_dir, sync_always=settings.sync_always).start()
+            server = await EmbeddedServer(settings.storage_dir, sync_always=settings.sync_always).astart()
             url = server.url
             # A script that forgot NATS_URL would otherwise talk, unawares, to a server that no other process
             # knows of and that forgets everything when it ends. A storage_dir says it was meant: info, not warning.
@@ -337,7 +337,7 @@ class EventStore:
                 if self.nc.is_connected:
                     # nats-py's drain() ignores cancellation and then flushes with a 10 s timeout:
                     # drain only a connection whose server answered a flush in time.
-                    await self.nc.flush(timeout=math.ceil(timeout_s))
+                    await flush(self.nc, timeout_s)
                     await self.nc.drain()
             except (NatsError, asyncio.TimeoutError, OSError):
                 pass  # a connection that is down, reconnecting or silent has nothing to drain

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
@@ -31,9 +31,10 @@ from aggregates import (
     Repository,
     RetryPolicy,
 )
-from eventstore import EventStore, EventStoreSettings, InvalidArgumentError, StreamId
+from eventstore import EmbeddedServer, EventStore, EventStoreSettings, InvalidArgumentError, StreamId
 
 from tests.conftest import unique_settings
+from tests.support.freeze import frozen
 
 from .conftest import RawPublish
 
@@ -447,3 +448,27 @@ async def test_a_uuid_id_is_sent_as_its_text(served: CommandService, client: Com
     key = uuid.uuid4()
     await client.send(Account, key, Open(owner="Kim"))
     assert (await Repository(store, Account).get(str(key))).state.owner == "Kim"
+
+
+@pytest.fixture(scope="module")
+def server_to_freeze() -> Iterator[EmbeddedServer]:
+    """A server of this module's own: freezing the session's would stall other users of it."""
+    with EmbeddedServer() as server:
+        yield server
+
+
+async def test_a_stop_while_the_server_is_frozen_leaves_the_stores_connection_working(
+    server_to_freeze: EmbeddedServer, prefix: str
+) -> None:
+    # stop() gives up on its drains (their flushes) after drain_timeout_s; the PONGs the server sends once it
+    # thaws must not break the store's connection, which serves again at once.
+    async with await EventStore.connect(unique_settings(server_to_freeze.url, request_timeout_s=2.0)) as store:
+        service = build_service(store, prefix, drain_timeout_s=0.5, routing=False)
+        await service.start()
+        async with frozen(server_to_freeze):
+            started = time.monotonic()
+            await service.stop()
+            assert time.monotonic() - started < 2.5
+        async with build_service(store, prefix, routing=False):
+            client = CommandClient(store, subject_prefix=prefix, timeout_s=2)
+            assert (await client.send(Account, "kim", Open(owner="Kim"))).version == 1

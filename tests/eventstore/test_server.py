@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -8,6 +9,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from eventstore import EmbeddedServer, EventStore, EventStoreSettings, ServerUnavailableError, StreamConfigError
@@ -82,6 +84,26 @@ async def test_connect_without_url_starts_and_stops_an_embedded_server(tmp_path:
     server = store.server
     await store.close()
     assert not server.running
+
+
+async def test_connect_without_url_lets_the_event_loop_run_while_the_server_starts(tmp_path: Path) -> None:
+    # The server takes tens of milliseconds to listen (seconds when JetStream recovers a big storage directory):
+    # this task must get to run meanwhile, and see the server's process before it listens.
+    me = psutil.Process()
+    earlier = {child.pid for child in me.children()}
+    async def connect() -> EventStore:
+        return await EventStore.connect(EventStoreSettings(storage_dir=tmp_path))
+
+    connecting = asyncio.create_task(connect())
+    while not (started := [c for c in me.children() if c.pid not in earlier and c.name() == "nats-server"]):
+        await asyncio.sleep(0)
+    listening = [c for c in started[0].net_connections("inet") if c.status == psutil.CONN_LISTEN]
+    store = await connecting
+    try:
+        assert not listening, "the event loop ran only once the embedded server was up: its start blocked the loop"
+        assert (await store.info()).commits == 0
+    finally:
+        await store.close()
 
 
 async def test_unreachable_server_raises_a_clear_error() -> None:
