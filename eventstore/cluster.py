@@ -51,7 +51,7 @@ class EmbeddedCluster:
             store = await EventStore.connect(settings)
             ...
             cluster.kill(cluster.stream_leader(settings.stream))
-            cluster.wait_for_stream_leader(settings.stream)
+            await asyncio.to_thread(cluster.wait_for_stream_leader, settings.stream)  # it polls: off the loop
     """
 
     def __init__(
