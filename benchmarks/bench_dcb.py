@@ -13,6 +13,9 @@ nats-server in a temporary directory; prints progress to stderr and one JSON obj
   index messages); nats-server stages an atomic batch of a one-replica file stream in a file store it creates
   on disk for that batch (``newBatchStore``), of a replicated stream in memory: so on one replica a DCB append
   (as any ``append_many``) costs some milliseconds of the server's, on three about what an entity append does.
+* ``raw_batch3_over_raw_single``, keyed the same: the same 16 writers with plain nats-py, no jetsourcing: an
+  atomic batch of three messages (two empty, then the checked one, as a DCB append of two tags stores) against
+  one checked message; the server's own price for a batch, so the ceiling of ``dcb_append_over_entity_append``.
 * ``dcb_read_p50_ms`` keyed "20000" and "1000000" (100000 with ``--quick``): ``read(query)`` (a new
   process's: nothing remembered) of a two-tag query item matching 100 events spread evenly through a stream of
   that many messages (the rest: entity commits of 20,000 other entities), appended as decisions append them
@@ -125,6 +128,29 @@ async def decisions(store: EventStore, count: int) -> float:
     return count / (time.perf_counter() - started)
 
 
+async def raw_appends(store: EventStore, last: list[int], count: int, batch: int) -> float:
+    """Plain nats-py, no jetsourcing: each writer's message checked against its subject's last sequence, alone
+    (``batch`` 1) or committing an atomic batch after ``batch - 1`` empty messages: what the server charges."""
+    nc, prefix = store.nc, f"{store.settings.subject_prefix}.Raw"
+
+    async def writer(w: int) -> None:
+        for _ in range(count // WRITERS):
+            headers = {"Nats-Expected-Last-Subject-Sequence": str(last[w])}
+            if batch > 1:
+                batch_id = uuid.uuid4().hex
+                for i in range(1, batch):
+                    await nc.publish(f"{prefix}.x{w}", b"", headers={"Nats-Batch-Id": batch_id, "Nats-Batch-Sequence": str(i)})
+                headers.update({"Nats-Batch-Id": batch_id, "Nats-Batch-Sequence": str(batch), "Nats-Batch-Commit": "1"})
+            reply = await nc.request(f"{prefix}.w{w}", b'{"student":"s","course":"c"}', timeout=30, headers=headers)
+            ack = json.loads(reply.data)
+            assert "seq" in ack, ack
+            last[w] = ack["seq"]
+
+    started = time.perf_counter()
+    await asyncio.gather(*(writer(w) for w in range(WRITERS)))
+    return count / (time.perf_counter() - started)
+
+
 async def append_rates(url: str, replicas: int, quick: bool) -> dict[str, Any]:
     """Appends per second of each kind, in interleaved rounds, on a stream of ``replicas``."""
     # Fewer DCB appends where they are slow (one replica: see the module docs); rates do not depend on counts.
@@ -133,7 +159,7 @@ async def append_rates(url: str, replicas: int, quick: bool) -> dict[str, Any]:
     store = await connect(url, f"appends{replicas}", replicas)
     result: dict[str, Any] = {}
     try:
-        versions, positions = [0] * WRITERS, [0] * WRITERS
+        versions, positions, raw_single, raw_batch = [0] * WRITERS, [0] * WRITERS, [0] * WRITERS, [0] * WRITERS
         await entity_appends(store, versions, WRITERS * 10)  # warm up: connections, caches
         await dcb_appends(store, positions, WRITERS * 10)
         rounds = []
@@ -141,14 +167,19 @@ async def append_rates(url: str, replicas: int, quick: bool) -> dict[str, Any]:
             entity = await entity_appends(store, versions, entity_count)
             dcb = await dcb_appends(store, positions, count)
             decide = await decisions(store, decided)
+            single = await raw_appends(store, raw_single, entity_count, 1)
+            batched = await raw_appends(store, raw_batch, count, 3)
             rounds.append({"entity_eps": round(entity), "dcb_eps": round(dcb), "decision_eps": round(decide),
-                           "ratio": round(dcb / entity, 3)})
+                           "ratio": round(dcb / entity, 3), "raw_single_eps": round(single),
+                           "raw_batch3_eps": round(batched), "raw_ratio": round(batched / single, 3)})
             progress(f"append round {r}, {replicas} replica(s): {rounds[-1]}")
         result["rounds"] = rounds
         result["entity_append_eps"] = round(p50([r["entity_eps"] for r in rounds]))
         result["dcb_append_eps"] = round(p50([r["dcb_eps"] for r in rounds]))
         result["decision_eps"] = round(p50([r["decision_eps"] for r in rounds]))
         result["dcb_append_over_entity_append"] = round(p50([r["ratio"] for r in rounds]), 3)
+        # The same comparison without jetsourcing: the ceiling of the ratio above, set by the server.
+        result["raw_batch3_over_raw_single"] = round(p50([r["raw_ratio"] for r in rounds]), 3)
     finally:
         await store.close()
     return result
@@ -289,6 +320,7 @@ async def main(quick: bool) -> dict[str, Any]:
         cluster.close()
     result["appends"] = appends
     result["dcb_append_over_entity_append"] = {k: v["dcb_append_over_entity_append"] for k, v in appends.items()}
+    result["raw_batch3_over_raw_single"] = {k: v["raw_batch3_over_raw_single"] for k, v in appends.items()}
     result["targets"] = {
         "dcb_append_over_entity_append >= 0.5": {k: v >= 0.5 for k, v in result["dcb_append_over_entity_append"].items()},
         "dcb_read_over_entity_load <= 2": max(result["dcb_read_over_entity_load"].values()) <= 2,
