@@ -1,23 +1,10 @@
-"""Event models of the DCB tests: courses and students (dcb.events' example), and usernames."""
+"""Event models of the DCB tests: the course, student and username events of ``samples/courses.py``, and a blob."""
 
 from __future__ import annotations
 
 from pydantic import BaseModel
 
-
-class CourseDefined(BaseModel):
-    course: str
-    capacity: int
-
-
-class StudentSubscribed(BaseModel):
-    student: str
-    course: str
-
-
-class UsernameClaimed(BaseModel):
-    username: str
-    user: str
+from samples.courses import CourseDefined, StudentSubscribed, UsernameClaimed
 
 
 class Blob(BaseModel):
