@@ -54,17 +54,13 @@ between the slices:
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
-import json
 import math
 import random
 import statistics
-import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
@@ -73,9 +69,10 @@ import nats.js.errors
 from pydantic import BaseModel
 
 from aggregates import Aggregate, DomainEvent, Repository, applies
-from eventstore import EmbeddedServer, EventStore, EventStoreSettings, StreamId, encode_commit
-from eventstore.wire import Header, utc_now_text
-from proc_cpu import cpu_seconds  # this script's folder is on sys.path
+from eventstore import EmbeddedServer, EventStore, EventStoreSettings, StreamId
+from eventstore.wire import Header
+from harness import Noise, progress, run, wire_commit  # this script's folder is on sys.path
+from proc_cpu import cpu_seconds
 
 
 class Deposited(DomainEvent):
@@ -95,26 +92,9 @@ class Account(Aggregate[AccountState]):
         self.state.balance += event.amount
 
 
-def progress(text: str) -> None:
-    print(f"[bench_aggregates] {text}", file=sys.stderr, flush=True)
-
-
 def percentile(samples: list[float], p: float) -> float:
     ordered = sorted(samples)
     return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
-
-
-def commit(subject: str, version: int, body: bytes) -> tuple[str, bytes, dict[str, str]]:
-    headers, payload = encode_commit(
-        msg_id=uuid.uuid4().hex,
-        types=["Deposited"],
-        schema_versions=[1],
-        event_ids=[uuid.uuid4().hex],
-        payloads=[body],
-        last_version=version,
-        recorded_at=utc_now_text(),
-    )
-    return subject, payload, headers
 
 
 async def publish_pipelined(store: EventStore, messages: Any, total: int, label: str) -> float:
@@ -151,7 +131,7 @@ async def fill(store: EventStore, sizes: dict[str, int], noise_entities: int, no
     def messages() -> Any:
         for index in slots:
             versions[index] += 1
-            yield commit(entities[index][0], versions[index], body)
+            yield wire_commit(entities[index][0], "Deposited", versions[index], body)
 
     eps = await publish_pipelined(store, messages(), len(slots), "fill")
     progress(f"filled {len(slots):,} events at {eps:,.0f}/s")
@@ -196,7 +176,7 @@ async def raw_uncached_commands(store: EventStore, ids: list[str], commands: int
             while True:
                 positions = known[aggregate_id]
                 msgs = await asyncio.gather(*(js.get_msg(stream, seq=p, direct=True) for p in positions))
-                _, body, headers = commit(subject, len(msgs) + 1, b'{"amount":1}')
+                _, body, headers = wire_commit(subject, "Deposited", len(msgs) + 1, b'{"amount":1}')
                 headers[Header.EXPECTED_LAST_SUBJECT_SEQUENCE] = str(positions[-1])
                 try:
                     ack = await js.publish(subject, body, headers=headers)
@@ -251,16 +231,8 @@ class ColdStream:
         self.repo = Repository(store, Account, cache_size=0)
         self.positions: dict[str, list[int]] = {}
         self.size = 0
-        self._rng = random.Random(seed)
-        self._noise_versions = [0] * 20_000
-        self._body = Deposited(amount=1).model_dump_json().encode()
-
-    def _noise(self, count: int) -> Any:
-        prefix = self.store.settings.subject_prefix
-        for _ in range(count):
-            n = self._rng.randrange(len(self._noise_versions))
-            self._noise_versions[n] += 1
-            yield commit(StreamId("Noise", f"n{n}").subject(prefix), self._noise_versions[n], self._body)
+        self._noise = Noise(store.settings.subject_prefix, "Deposited", Deposited(amount=1).model_dump_json().encode(),
+                            seed)
 
     async def _deposit(self, aggregate_ids: list[str]) -> None:
         async def one(aggregate_id: str) -> None:
@@ -277,7 +249,7 @@ class ColdStream:
             due = [a for a, n in spread.items() if s % (slices // n) == 0 and len(self.positions.get(a, [])) < n]
             await self._deposit(due)
             count = max(0, per_slice - len(due))
-            await publish_pipelined(self.store, self._noise(count), count, "cold fill")
+            await publish_pipelined(self.store, self._noise.commits(count), count, "cold fill")
             if s % 100 == 0:
                 progress(f"{self.store.settings.stream}: {self.size + (s + 1) * per_slice:,} messages")
         self.size = (await self.store.info()).last_position
@@ -396,7 +368,7 @@ async def main(quick: bool) -> dict[str, Any]:
             cached = Repository(store, Account)
             await run_commands(cached, command_ids, len(command_ids), 64, create=True)
             # Measured right before the commands, so both see the same stream and server state.
-            raw = (commit(f"bench.Raw.r{i}", 1, b'{"amount":1}') for i in range(raw_count))
+            raw = (wire_commit(f"bench.Raw.r{i}", "Deposited", 1, b'{"amount":1}') for i in range(raw_count))
             result["raw_append_concurrent_eps"] = round(await publish_pipelined(store, raw, raw_count, "raw"))
             progress(f"raw publish_async: {result['raw_append_concurrent_eps']:,}/s")
             snapped_commands = Repository(store, Account, cache_size=0, snapshot_every=10)
@@ -447,7 +419,4 @@ async def main(quick: bool) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a smaller run, for trying changes")
-    args = parser.parse_args()
-    print(json.dumps(asyncio.run(main(args.quick))))
+    run(main, __doc__)

@@ -51,7 +51,6 @@ workers and the nats-server share them.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -76,14 +75,11 @@ from eventstore import EmbeddedServer, EventStore, EventStoreSettings  # noqa: E
 from samples.bank.account import Account  # noqa: E402
 from samples.bank.commands import Deposit, OpenAccount, command_service  # noqa: E402
 
-from proc_cpu import context_switches, cpu_seconds  # noqa: E402  (this script's folder is on sys.path)
+from harness import progress, run  # noqa: E402  (this script's folder is on sys.path)
+from proc_cpu import context_switches, cpu_seconds  # noqa: E402
 
 CONCURRENCY = 64
 TODAY = date(2026, 1, 1)
-
-
-def progress(text: str) -> None:
-    print(f"[bench_commands] {text}", file=sys.stderr, flush=True)
 
 
 async def worker(nats_url: str, stream: str, prefix: str, command_prefix: str) -> None:
@@ -345,6 +341,4 @@ if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         asyncio.run(worker(*sys.argv[2:6]))
         sys.exit(0)
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a smaller run, for trying changes")
-    print(json.dumps(asyncio.run(main(parser.parse_args().quick))))
+    run(main, __doc__)

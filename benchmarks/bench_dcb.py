@@ -28,13 +28,10 @@ nats-server in a temporary directory; prints progress to stderr and one JSON obj
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
-import random
 import statistics
-import sys
 import tempfile
 import time
 import uuid
@@ -52,9 +49,8 @@ from eventstore import (
     Query,
     StreamId,
     TaggedEvent,
-    encode_commit,
 )
-from eventstore.wire import utc_now_text
+from harness import Noise, progress, run  # this script's folder is on sys.path
 
 WRITERS = 16
 ROUNDS = 5
@@ -63,10 +59,6 @@ ROUNDS = 5
 class Enrolled(BaseModel):
     student: str
     course: str
-
-
-def progress(text: str) -> None:
-    print(f"[bench_dcb] {text}", file=sys.stderr, flush=True)
 
 
 def p50(samples: list[float]) -> float:
@@ -212,14 +204,6 @@ async def storage(url: str, result: dict[str, Any]) -> None:
 # -- reads --------------------------------------------------------------------------------------------------------
 
 
-def noise_commit(prefix: str, entity: int, version: int) -> tuple[str, bytes, dict[str, str]]:
-    headers, body = encode_commit(
-        msg_id=uuid.uuid4().hex, types=["Enrolled"], schema_versions=[1], event_ids=[uuid.uuid4().hex],
-        payloads=[b'{"student":"n","course":"n"}'], last_version=version, recorded_at=utc_now_text(),
-    )
-    return StreamId("Noise", f"n{entity}").subject(prefix), body, headers
-
-
 class ReadStream:
     """A stream of ``size`` messages: entity commits of 20,000 noise entities, with the measured DCB events (100
     per query target) and entity commits (100 per entity target) appended evenly between slices of them."""
@@ -227,24 +211,20 @@ class ReadStream:
     def __init__(self, store: EventStore, targets: int) -> None:
         self.store = store
         self.targets = targets
-        self._versions = [0] * 20_000
-        self._rng = random.Random(len(store.settings.stream))
+        self._noise = Noise(store.settings.subject_prefix, "Enrolled", b'{"student":"n","course":"n"}',
+                            seed=len(store.settings.stream))
         self._after: dict[int, int] = {}
 
     async def fill(self, size: int, slice_size: int = 1000) -> None:
-        prefix = self.store.settings.subject_prefix
         js = self.store.nc.jetstream(publish_async_max_pending=4000)
         slices = size // slice_size
         for s in range(slices):
             due = (s + 1) * 100 // slices - s * 100 // slices  # 100 of each target, spread evenly
             for _ in range(due):
                 await asyncio.gather(*(self._target(s, t) for t in range(self.targets)))
-            futures = []
-            for _ in range(max(0, slice_size - 4 * self.targets * due)):  # a DCB append stores 3 messages here
-                n = self._rng.randrange(len(self._versions))
-                self._versions[n] += 1
-                subject, body, headers = noise_commit(prefix, n, self._versions[n])
-                futures.append(await js.publish_async(subject, body, headers=headers))
+            count = max(0, slice_size - 4 * self.targets * due)  # a DCB append stores 3 messages here
+            futures = [await js.publish_async(subject, body, headers=headers)
+                       for subject, body, headers in self._noise.commits(count)]
             await asyncio.gather(*futures)
             if s % 100 == 0:
                 progress(f"{self.store.settings.stream}: {(s + 1) * slice_size:,}/{size:,}")
@@ -330,7 +310,4 @@ async def main(quick: bool) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a smaller run, for trying changes")
-    args = parser.parse_args()
-    print(json.dumps(asyncio.run(main(args.quick))))
+    run(main, __doc__)
