@@ -1,4 +1,5 @@
-"""Fixtures for the aggregates tests: repositories over the shared per-test store, and a raw publisher."""
+"""Fixtures for the aggregates tests: repositories over the shared per-test store, a raw publisher, and a command
+client on a subject prefix of the test's own."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from aggregates import Repository
+from aggregates import CommandClient, Repository
 from eventstore import EventStore, Header, StreamId
 
 from .domain import Account, Cart, Order
@@ -28,6 +29,18 @@ def carts(store: EventStore) -> Repository[Cart]:
 @pytest.fixture
 def orders(store: EventStore) -> Repository[Order]:
     return Repository(store, Order)
+
+
+@pytest.fixture
+def prefix() -> str:
+    """A command subject prefix of this test's own."""
+    return f"cmd{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def client(store: EventStore, prefix: str) -> CommandClient:
+    """A command client on ``prefix``."""
+    return CommandClient(store, subject_prefix=prefix, timeout_s=5)
 
 
 @pytest.fixture

@@ -7,20 +7,11 @@ import asyncio
 import signal
 import sys
 
-from pydantic import BaseModel
-
 from aggregates import CommandService, Repository
 from eventstore import EventStore, EventStoreSettings
 
+from .commands import Deposit, Open
 from .domain import Account
-
-
-class Open(BaseModel):
-    owner: str
-
-
-class Deposit(BaseModel):
-    amount: int
 
 
 async def main(nats_url: str, stream: str, subject_prefix: str, command_prefix: str) -> None:

@@ -18,17 +18,10 @@ from pydantic import BaseModel
 from aggregates import CommandClient, CommandService, InvalidCommandError, Repository
 from eventstore import EventStore, StreamId
 
+from .commands import Deposit, Open
 from .domain import Account
 
 ID = "Jetsourcing-Command-Id"
-
-
-class Open(BaseModel):
-    owner: str
-
-
-class Deposit(BaseModel):
-    amount: int
 
 
 class Padded(BaseModel):
@@ -91,19 +84,9 @@ def build_service(store: EventStore, prefix: str) -> CommandService:
 
 
 @pytest.fixture
-def prefix() -> str:
-    return f"cmd{uuid.uuid4().hex[:8]}"
-
-
-@pytest.fixture
 async def served(store: EventStore, prefix: str) -> AsyncIterator[CommandService]:
     async with build_service(store, prefix) as service:
         yield service
-
-
-@pytest.fixture
-def client(store: EventStore, prefix: str) -> CommandClient:
-    return CommandClient(store, subject_prefix=prefix, timeout_s=5)
 
 
 async def balance(store: EventStore, account: str) -> tuple[int, int]:

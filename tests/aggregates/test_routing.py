@@ -23,8 +23,8 @@ from eventstore import EventStore, InvalidArgumentError
 from tests.conftest import unique_settings
 from tests.support.proxy import Proxy
 
+from .commands import Deposit, Open
 from .domain import Account
-from .test_service import Deposit, Open
 
 
 def test_an_ids_partition_is_crc32_of_its_utf8_bytes() -> None:

@@ -38,15 +38,8 @@ from tests.support.freeze import frozen
 
 from .conftest import RawPublish
 
+from .commands import Deposit, Open
 from .domain import Account
-
-
-class Open(BaseModel):
-    owner: str
-
-
-class Deposit(BaseModel):
-    amount: int
 
 
 class Withdraw(BaseModel):
@@ -82,19 +75,9 @@ def build_service(store: EventStore, prefix: str, **options: Any) -> CommandServ
 
 
 @pytest.fixture
-def prefix() -> str:
-    return f"cmd{uuid.uuid4().hex[:8]}"
-
-
-@pytest.fixture
 async def served(store: EventStore, prefix: str) -> AsyncIterator[CommandService]:
     async with build_service(store, prefix) as service:
         yield service
-
-
-@pytest.fixture
-def client(store: EventStore, prefix: str) -> CommandClient:
-    return CommandClient(store, subject_prefix=prefix, timeout_s=5)
 
 
 async def test_a_command_runs_and_replies_with_its_version_and_position(
