@@ -18,8 +18,8 @@ from typing import Final, NamedTuple
 from nats.aio.msg import Msg
 
 from .commit import MAX_ENTITIES_PER_APPEND
-from .errors import EventDecodeError, ServerUnavailableError
-from .jetstream.direct import DirectGets, LeaderWait
+from .errors import EventDecodeError
+from .jetstream.direct import DirectGets, retry_while_lagging
 from .wire import Header
 
 __all__ = ["INDEX_POINTERS", "IndexMessages", "Last", "index_floor", "index_messages", "pointers", "scan"]
@@ -104,17 +104,15 @@ async def index_messages(
 
 async def _get_each(direct: DirectGets, subject: str, positions: list[int], timeout_s: float) -> list[Msg]:
     """The messages at ``positions``, all on ``subject``; retried while a replica that answers lacks one."""
-    wait = LeaderWait(timeout_s)
-    while True:
+    async def attempt() -> list[Msg] | None:
         msgs = await direct.get_each(positions, what="Reading a DCB index")
-        if all(m is not None for m in msgs):
-            break
-        if not await wait.again():
-            raise ServerUnavailableError(
-                f"Reading a DCB index: positions {positions} were not found within {timeout_s}s (a replica lags the "
-                "stream's leader, or messages were deleted). Nothing was returned; retry."
-            )
-    got = [m for m in msgs if m is not None]
+        found = [m for m in msgs if m is not None]
+        return found if len(found) == len(msgs) else None
+
+    got = await retry_while_lagging(attempt, timeout_s, (
+        f"Reading a DCB index: positions {positions} were not found within {timeout_s}s (a replica lags the "
+        "stream's leader, or messages were deleted). Nothing was returned; retry."
+    ))
     for p, msg in zip(positions, got):
         if (msg.headers or {}).get(Header.SUBJECT) != subject:
             raise _foreign(f"a back pointer on {subject} leads to position {p}, which holds no message of it")
@@ -128,9 +126,9 @@ async def scan(
     ``next_by_subj`` from a replica that holds ``last`` (retried while the one that answers does not)."""
     if last <= after:
         return []
-    wait = LeaderWait(timeout_s)
-    while True:
-        found: list[tuple[int, Mapping[str, str]]] = []
+
+    async def attempt() -> IndexMessages | None:
+        found: IndexMessages = []
         async for page in direct.subject_pages(subject, after + 1, what="Reading a DCB index"):
             for msg in page:
                 headers = msg.headers or {}
@@ -140,8 +138,9 @@ async def scan(
                 found.append((reached, headers))
                 if reached == last:
                     return found
-        if not await wait.again():
-            raise ServerUnavailableError(
-                f"Reading a DCB index: the replicas answering did not reach position {last} within {timeout_s}s "
-                "(they lag the stream's leader). Nothing was returned; retry."
-            )
+        return None
+
+    return await retry_while_lagging(attempt, timeout_s, (
+        f"Reading a DCB index: the replicas answering did not reach position {last} within {timeout_s}s "
+        "(they lag the stream's leader). Nothing was returned; retry."
+    ))

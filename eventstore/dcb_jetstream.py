@@ -40,13 +40,12 @@ from .errors import (
     AppendConditionError,
     EventDecodeError,
     InvalidEventError,
-    ServerUnavailableError,
     StreamConfigError,
     map_nats_error,
 )
 from .events import AppendResult
 from .jetstream.api import Subjects
-from .jetstream.direct import LeaderWait
+from .jetstream.direct import retry_while_lagging
 from .sending import Conflict
 from .streams import StreamId, encode_entity_id
 from .wire import Header, decode_commit, note_of
@@ -208,18 +207,17 @@ class JetStreamDcb(DcbLog):
     async def _get(self, positions: list[int], subjects: list[str]) -> list[Msg]:
         """The commits at ``positions`` on ``subjects`` (each a commit's own), in one direct get: the last message
         of each subject (the only one), as a batch in stream order."""
-        wait = LeaderWait(self._store.settings.request_timeout_s)
-        while True:
+        async def attempt() -> list[Msg] | None:
             msgs = await self._store._appender.direct.direct_get(
                 {"multi_last": subjects, "batch": len(subjects)}, what="Reading DCB events"
             )
-            if [int((m.headers or {})[Header.SEQUENCE]) for m in msgs] == positions:
-                return msgs
-            if not await wait.again():
-                raise ServerUnavailableError(
-                    "Reading DCB events: a commit the index names was not found within "
-                    f"{self._store.settings.request_timeout_s}s (a replica lags, or it was deleted). Retry."
-                )
+            return msgs if [int((m.headers or {})[Header.SEQUENCE]) for m in msgs] == positions else None
+
+        timeout_s = self._store.settings.request_timeout_s
+        return await retry_while_lagging(attempt, timeout_s, (
+            f"Reading DCB events: a commit the index names was not found within {timeout_s}s (a replica lags, or it "
+            "was deleted). Retry."
+        ))
 
     def _decode(self, position: int, msg: Msg) -> list[SequencedEvent]:
         headers = msg.headers or {}

@@ -2,7 +2,9 @@
 
 Any of the stream's replicas may answer a direct get (:class:`DirectGets`). Nobody answering (a 503) means the
 stream has no leader just now: an election, or too few servers for a quorum. Nothing received the request, so
-it is sent again, within :class:`LeaderWait`'s deadline (:meth:`DirectGets.await_leader`).
+it is sent again, within :class:`LeaderWait`'s deadline (:meth:`DirectGets.await_leader`). A replica that answers
+may lag the leader: a read that knows what must be there asks again within the same deadline
+(:func:`retry_while_lagging`).
 """
 
 from __future__ import annotations
@@ -10,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
 
 from nats.aio.msg import Msg
 
@@ -20,7 +23,9 @@ from ..wire import Header
 from .api import ErrorCode, Subjects
 from .inbox import Inbox
 
-__all__ = ["DirectGets", "LeaderWait", "no_responders"]
+__all__ = ["DirectGets", "LeaderWait", "no_responders", "retry_while_lagging"]
+
+T = TypeVar("T")
 
 
 class LeaderWait:
@@ -51,6 +56,18 @@ class LeaderWait:
         await asyncio.sleep(min(left, random.uniform(self._step / 2, self._step)))
         self._step = min(self._step * 2, 1.0)
         return True
+
+
+async def retry_while_lagging(attempt: Callable[[], Awaitable[T | None]], timeout_s: float, failure: str) -> T:
+    """The first answer of ``attempt()`` that is not None. None says the replica that answered lacks what the
+    stream's leader has (any replica answers a direct get, and one may lag): ``attempt`` is tried again, with
+    :class:`LeaderWait`'s backoff, until ``timeout_s`` has passed, then :class:`ServerUnavailableError` says
+    ``failure``."""
+    wait = LeaderWait(timeout_s)
+    while (answer := await attempt()) is None:
+        if not await wait.again():
+            raise ServerUnavailableError(failure)
+    return answer
 
 
 def _lost_reply(msgs: list[Msg]) -> bool:
