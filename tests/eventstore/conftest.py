@@ -4,6 +4,7 @@ import pytest
 
 from eventstore import EventStore
 
+from . import dcb_events
 from .events import ALL
 
 
@@ -12,4 +13,12 @@ def store(store: EventStore) -> EventStore:
     """The shared ``store`` fixture with this package's event models registered."""
     for model in ALL:
         store.registry.register(model)
+    return store
+
+
+@pytest.fixture
+async def dcb_store(store: EventStore) -> EventStore:
+    """The shared store, with the DCB tests' events registered and the index subjects added to its stream."""
+    dcb_events.register(store.registry)
+    await store.dcb.ensure_index()
     return store

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
+from eventstore import TypeRegistry
 from samples.courses import CourseDefined, StudentSubscribed, UsernameClaimed
 
 
@@ -11,4 +12,7 @@ class Blob(BaseModel):
     text: str
 
 
-DCB_EVENTS: list[type[BaseModel]] = [CourseDefined, StudentSubscribed, UsernameClaimed, Blob]
+def register(registry: TypeRegistry) -> None:
+    """Register the DCB tests' events."""
+    for model in (CourseDefined, StudentSubscribed, UsernameClaimed, Blob):
+        registry.register(model)

@@ -22,8 +22,9 @@ from eventstore import (
     TaggedEvent,
     UncheckableQueryError,
 )
+from samples.courses import CourseDefined, StudentSubscribed, UsernameClaimed
 
-from .dcb_events import DCB_EVENTS, Blob, CourseDefined, StudentSubscribed, UsernameClaimed
+from .dcb_events import Blob, register
 
 
 class Stores:
@@ -34,23 +35,13 @@ class Stores:
         self.log = log
 
 
-@pytest.fixture
-async def dcb_store(store: EventStore) -> EventStore:
-    """The shared store, with the DCB events registered and the index subjects added to its stream."""
-    for model in DCB_EVENTS:
-        store.registry.register(model)
-    await store.dcb.ensure_index()
-    return store
-
-
 @pytest.fixture(params=["jetstream", "memory"])
 def stores(request: pytest.FixtureRequest) -> Stores:
     if request.param == "jetstream":
         store: EventStore = request.getfixturevalue("dcb_store")
         return Stores(store.dcb, store)
     memory = InMemoryEventStore()
-    for model in DCB_EVENTS:
-        memory.registry.register(model)
+    register(memory.registry)
     return Stores(memory.dcb, memory)
 
 

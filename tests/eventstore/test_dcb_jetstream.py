@@ -16,17 +16,10 @@ from eventstore import (
     StreamConfigError,
     TaggedEvent,
 )
+from samples.courses import StudentSubscribed, UsernameClaimed
 from tests.conftest import unique_settings
 
-from .dcb_events import DCB_EVENTS, Blob, StudentSubscribed, UsernameClaimed
-
-
-@pytest.fixture
-async def dcb_store(store: EventStore) -> EventStore:
-    for model in DCB_EVENTS:
-        store.registry.register(model)
-    await store.dcb.ensure_index()
-    return store
+from .dcb_events import Blob, register
 
 
 def claim(username: str, user: str) -> TaggedEvent:
@@ -40,8 +33,7 @@ async def test_of_many_concurrent_claims_of_a_username_the_server_lets_exactly_o
     others = [await EventStore.connect(settings) for _ in range(4)]
     try:
         for other in others:
-            for model in DCB_EVENTS:
-                other.registry.register(model)
+            register(other.registry)
         await dcb_store.dcb.append([TaggedEvent(Blob(text="unrelated"), {"username:zed"})])
         taken = Query.of(types=["UsernameClaimed"], tags=["username:alice"])
         reads = [await o.dcb.read(taken) for o in others]
@@ -70,8 +62,7 @@ async def test_a_condition_read_by_another_process_is_looked_up_on_the_leader(
     await dcb_store.dcb.append([TaggedEvent(Blob(text="noise"), {"course:c2"})])  # moves the stream, not the tag
     read = await dcb_store.dcb.read(query)  # up to the noise: the tag's last position lies before
     async with await EventStore.connect(settings) as fresh:  # remembers nothing of the read
-        for model in DCB_EVENTS:
-            fresh.registry.register(model)
+        register(fresh.registry)
         held = await fresh.dcb.append([TaggedEvent(Blob(text="second"), {"course:c1"})], condition=AppendCondition(query, read.position))
         with pytest.raises(AppendConditionError) as caught:
             await fresh.dcb.append([TaggedEvent(Blob(text="third"), {"course:c1"})], condition=AppendCondition(query, read.position))
@@ -88,8 +79,7 @@ async def test_a_condition_read_by_another_process_is_looked_up_on_the_leader(
 async def test_a_retry_after_the_server_forgot_the_message_ids_still_stores_nothing_twice(nats_url: str, tags: set[str]) -> None:
     settings = unique_settings(nats_url, duplicate_window_s=0.5)
     async with await EventStore.connect(settings) as store:
-        for model in DCB_EVENTS:
-            store.registry.register(model)
+        register(store.registry)
         await store.dcb.ensure_index()
         event = TaggedEvent(StudentSubscribed(student="s1", course="c1"), tags)
         first = await store.dcb.append([event], idempotency_key="enrol-s1")
