@@ -60,6 +60,15 @@ def _die_with_parent() -> None:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+def _wait_or_kill(process: subprocess.Popen[bytes], timeout_s: float) -> None:
+    """Wait for ``process`` to exit, or SIGKILL it (and reap it) once ``timeout_s`` has passed."""
+    try:
+        process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -202,13 +211,27 @@ class EmbeddedServer:
             return
         if process.poll() is None:
             process.terminate()
-            try:
-                process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            _wait_or_kill(process, timeout_s)
         self._process = None
         _live_servers.discard(self)
+
+    async def astop(self, timeout_s: float = 10.0) -> None:
+        """:meth:`stop` for async code: the event loop goes on while the server shuts down (it writes
+        JetStream's state to disk first; a stalled host makes it slower)."""
+        process = self._process
+        if process is None:
+            return
+        if process.poll() is None:
+            process.terminate()
+            try:
+                # Popen.wait blocks; any thread may reap the child (only the thread that starts it must last).
+                await asyncio.to_thread(_wait_or_kill, process, timeout_s)
+            except asyncio.CancelledError:
+                self.kill()
+                raise
+        if self._process is process:
+            self._process = None
+            _live_servers.discard(self)
 
     def kill(self) -> None:
         """Kill the server at once (SIGKILL), as a crash would; the storage directory stays."""
@@ -231,6 +254,12 @@ class EmbeddedServer:
         self.stop()
         if self._owns_dir:
             shutil.rmtree(self.storage_dir, ignore_errors=True)
+
+    async def aclose(self) -> None:
+        """:meth:`close` for async code: the event loop goes on while the server stops and its storage goes."""
+        await self.astop()
+        if self._owns_dir:
+            await asyncio.to_thread(shutil.rmtree, self.storage_dir, ignore_errors=True)
 
     def __enter__(self) -> "EmbeddedServer":
         return self.start()

@@ -299,7 +299,7 @@ class EventStore:
             nc = await connect_nats(servers, deadline_s=settings.request_timeout_s, **options)
         except (NoServersError, OSError, asyncio.TimeoutError, NatsError) as exc:
             if server:
-                server.close()
+                await server.aclose()
             if isinstance(exc, AuthenticationError):
                 raise  # already says what to fix
             raise ServerUnavailableError(
@@ -346,7 +346,7 @@ class EventStore:
                     async with asyncio.timeout(timeout_s):
                         await self.nc.close()
         if self.server is not None:
-            self.server.close()
+            await self.server.aclose()
 
     @property
     def connection_lost(self) -> asyncio.Event:

@@ -15,6 +15,7 @@ import pytest
 from eventstore import EmbeddedServer, EventStore, EventStoreSettings, ServerUnavailableError, StreamConfigError
 
 from ..conftest import unique_settings
+from ..support.freeze import freeze
 
 
 def _alive(pid: int) -> bool:
@@ -104,6 +105,39 @@ async def test_connect_without_url_lets_the_event_loop_run_while_the_server_star
         assert (await store.info()).commits == 0
     finally:
         await store.close()
+
+
+def _terminate_pending(pid: int) -> bool:
+    """Whether a SIGTERM sent to ``pid`` waits to be delivered (as it does while the process is stopped)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("ShdPnd:"):
+            return bool(int(line.split()[1], 16) & 1 << (signal.SIGTERM - 1))
+    return False
+
+
+async def test_close_lets_the_event_loop_run_while_the_embedded_server_stops(tmp_path: Path) -> None:
+    # A frozen server takes its SIGTERM only once it is thawed: this task thaws it, and can only if close() waits
+    # for the server off the event loop. A close() that blocked the loop would wait out the stop's timeout and
+    # kill the server, and this task would run only after it.
+    store = await EventStore.connect(EventStoreSettings(storage_dir=tmp_path, request_timeout_s=0.5))
+    assert store.server is not None and store.server.pid is not None
+    pid = store.server.pid
+
+    async def thaw_once_terminated() -> None:
+        while not _terminate_pending(pid):
+            await asyncio.sleep(0.001)
+        os.kill(pid, signal.SIGCONT)
+
+    await freeze(pid)
+    thaw = asyncio.create_task(thaw_once_terminated())
+    try:
+        await store.close()
+        assert thaw.done(), "close() blocked the event loop while the embedded server stopped"
+        await thaw
+    finally:
+        thaw.cancel()
+    assert not store.server.running
+    assert "Server Exiting" in (tmp_path / "nats-server.log").read_text()  # on its SIGTERM, not killed
 
 
 async def test_unreachable_server_raises_a_clear_error() -> None:

@@ -14,18 +14,24 @@ import psutil
 from eventstore import EmbeddedServer
 
 
+async def freeze(pid: int) -> None:
+    """SIGSTOP ``pid`` and return once it is stopped (kill() may return before the signal is delivered, and the
+    process could still run meanwhile)."""
+    process = psutil.Process(pid)
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while process.status() != psutil.STATUS_STOPPED:
+        assert time.monotonic() < deadline, f"process {pid} did not stop within 10 s of SIGSTOP"
+        await asyncio.sleep(0.001)
+
+
 @contextlib.asynccontextmanager
 async def frozen(server: EmbeddedServer) -> AsyncIterator[None]:
-    """SIGSTOP the server, entered once it is stopped (kill() may return before the signal is delivered, and the
-    server could still answer meanwhile); SIGCONT on leaving."""
+    """The server frozen (:func:`freeze`) while the block runs; SIGCONT on leaving."""
     assert server.pid is not None
-    process = psutil.Process(server.pid)
-    os.kill(server.pid, signal.SIGSTOP)
+    pid = server.pid
     try:
-        deadline = time.monotonic() + 10
-        while process.status() != psutil.STATUS_STOPPED:
-            assert time.monotonic() < deadline, "nats-server did not stop within 10 s of SIGSTOP"
-            await asyncio.sleep(0.001)
+        await freeze(pid)
         yield
     finally:
-        os.kill(server.pid, signal.SIGCONT)
+        os.kill(pid, signal.SIGCONT)
