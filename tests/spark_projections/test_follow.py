@@ -260,7 +260,7 @@ async def test_a_server_restart_during_a_streaming_query_is_survived(spark: Spar
             await history(store, appends[:200])
         projection = Movements()
         root = tmp_path / "restart"
-        follower = follow(spark, projection, settings, root, trigger_s=0.3, max_events_per_trigger=50)
+        follower = follow(spark, projection, settings, root, trigger_s=0.3, max_events_per_trigger=100)
         try:
             wait_for(lambda: follower.status is not None, 120, "the first micro-batch")
             server.restart()
