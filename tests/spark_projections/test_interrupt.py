@@ -3,7 +3,8 @@
 Each case runs ``jetsourcing spark rebuild`` in a process group of its own, as a terminal does, and sends a real
 signal at a stage of the run: to the whole group for Ctrl-C (what a terminal does), to the process for SIGTERM
 (what a process manager does). Afterwards the tables are checked with delta-rs, an independent reader, and an
-``update`` brings them to what a clean rebuild gives.
+``update`` brings them to what a clean rebuild gives. The cases only read the stream, so they share one, and the
+clean rebuild of it.
 """
 
 from __future__ import annotations
@@ -15,27 +16,43 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import deltalake
 import pytest
 from pyspark.sql import SparkSession
 
-from eventstore import EventStore
+from eventstore import EventStore, EventStoreSettings
 from spark_projections.cli import main
 from spark_projections.projection import rebuild
 
 from test_follow import delta_rs_rows
 from test_projection import EXAMPLES, history
 from projection_examples import SlowBalances, workload
+from tests.conftest import unique_settings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
+Tables = dict[str, list[dict[str, Any]]]
 
-def _rebuild_command(store: EventStore, root: Path) -> subprocess.Popen[str]:
+
+@pytest.fixture(scope="module")
+async def slow_history(
+    nats_url: str, spark: SparkSession, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[EventStoreSettings, Tables]:
+    """A stream of 3000 account commits, and SlowBalances' tables as a clean rebuild of it makes them."""
+    settings = unique_settings(nats_url)
+    async with EventStore.connect(settings) as store:
+        await history(store, workload(3000, 60, seed=41))
+    clean = tmp_path_factory.mktemp("clean")
+    rebuild(spark, SlowBalances(), settings, clean)
+    return settings, delta_rs_rows(clean, SlowBalances())
+
+
+def _rebuild_command(settings: EventStoreSettings, root: Path) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_GATEWAY")}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), str(EXAMPLES)])
     env["JETSOURCING_SPARK_MASTER"] = "local[2]"
-    settings = store.settings
     command = [sys.executable, "-m", "projections.cli", "spark", "rebuild", "projection_examples:SlowBalances",
                "--root", str(root), "--nats-url", str(settings.nats_url), "--stream", settings.stream,
                "--subject-prefix", settings.subject_prefix, "--shuffle-partitions", "2"]
@@ -65,11 +82,12 @@ def _group_gone(pgid: int, timeout_s: float) -> bool:
     ids=["ctrl-c-fold", "sigterm-fold", "ctrl-c-commit", "sigterm-second-commit"],
 )
 async def test_a_signal_ends_a_spark_rebuild_at_once_in_one_line_leaving_whole_commits(
-    spark: SparkSession, store: EventStore, tmp_path: Path, sig: signal.Signals, stage: str, delay_s: float
+    spark: SparkSession, slow_history: tuple[EventStoreSettings, Tables], tmp_path: Path, sig: signal.Signals,
+    stage: str, delay_s: float
 ) -> None:
-    await history(store, workload(3000, 60, seed=41))
+    settings, clean = slow_history
     root = tmp_path / "interrupted"
-    process = _rebuild_command(store, root)
+    process = _rebuild_command(settings, root)
     out: list[str] = []
     try:
         assert process.stdout is not None
@@ -103,8 +121,7 @@ async def test_a_signal_ends_a_spark_rebuild_at_once_in_one_line_leaving_whole_c
     for table in projection.tables:
         if any((root / table.name / "_delta_log").glob("*.json")):
             deltalake.DeltaTable(str(root / table.name)).to_pyarrow_table()
-    where = ["--root", str(root), "--nats-url", str(store.settings.nats_url), "--stream", store.settings.stream,
-             "--subject-prefix", store.settings.subject_prefix]
+    where = ["--root", str(root), "--nats-url", str(settings.nats_url), "--stream", settings.stream,
+             "--subject-prefix", settings.subject_prefix]
     assert main(["update", "projection_examples:SlowBalances", *where], spark=spark) == 0
-    rebuild(spark, projection, store.settings, tmp_path / "clean")
-    assert delta_rs_rows(root, projection) == delta_rs_rows(tmp_path / "clean", projection)
+    assert delta_rs_rows(root, projection) == clean
