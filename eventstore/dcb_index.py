@@ -5,7 +5,9 @@ previous index messages, most recent first (up to :data:`INDEX_POINTERS`, ending
 subject's start). The first of them is the check's expected sequence, which the server compared with the
 subject's last message in the same commit: the pointers never skip a message. So the subject is read from its
 last message (as the stream's leader knows it) back through the pointers, ``INDEX_POINTERS`` messages per
-round trip of pipelined direct gets by sequence, whatever the stream's size. Below a message without pointers
+round trip of pipelined direct gets by sequence, whatever the stream's size; or, when the span to read is short or
+the subject's recent messages lie close together, in one ``next_by_subj`` scan, as an entity's load decides
+(:func:`~.entity_commits.scan_is_cheaper`). Below a message without pointers
 (its tag was written unchecked) the rest is scanned with ``next_by_subj``, whose cost grows with the span of the
 stream it crosses.
 """
@@ -13,16 +15,17 @@ stream it crosses.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Final, NamedTuple
+from typing import Final, Literal, NamedTuple
 
 from nats.aio.msg import Msg
 
 from .commit import MAX_ENTITIES_PER_APPEND
+from .entity_commits import scan_is_cheaper
 from .errors import EventDecodeError
 from .jetstream.direct import DirectGets, retry_while_lagging
 from .wire import Header
 
-__all__ = ["INDEX_POINTERS", "IndexMessages", "Last", "index_floor", "index_messages", "pointers", "scan"]
+__all__ = ["INDEX_POINTERS", "IndexMessages", "IndexReads", "Last", "index_floor", "index_messages", "pointers", "scan"]
 
 INDEX_POINTERS: Final = 16
 """How many earlier index messages' positions an index message holds: a read fetches that many per round trip.
@@ -72,22 +75,29 @@ def _foreign(what: str) -> EventDecodeError:
 IndexMessages = list[tuple[int, Mapping[str, str]]]
 """Index messages as (position, headers)."""
 
+IndexReads = Literal["auto", "chain", "scan"]
+"""How an index is read: as :func:`~.entity_commits.scan_is_cheaper` decides, by its back pointers, or by a scan."""
+
 
 async def index_messages(
     direct: DirectGets, subject: str, last: Last, after: int, timeout_s: float,
-    on_walked: Callable[[IndexMessages], None] | None = None,
+    on_walked: Callable[[IndexMessages], None] | None = None, *, how: IndexReads = "auto",
 ) -> IndexMessages:
     """Every message on ``subject`` after ``after`` up to ``last`` (inclusive), newest first, as (seq, headers).
 
     ``on_walked`` is called with each round trip's messages found by back pointers (the first with ``last``), as
-    soon as they arrive: a reader can fetch their commits while the walk goes on.
+    soon as they arrive: a reader can fetch their commits while the walk goes on. ``how`` picks the method
+    (see :data:`IndexReads`).
     """
     if last.seq <= after:
         return []
+    previous = pointers(last.headers, last.seq)
+    cheaper = how == "auto" and scan_is_cheaper(last.seq, after + 1, previous, INDEX_POINTERS)
+    if previous is not None and (how == "scan" or cheaper):
+        return (await scan(direct, subject, after, last.seq, timeout_s))[::-1]
     found: IndexMessages = [(last.seq, last.headers)]
     if on_walked is not None:
         on_walked(found[:])
-    previous = pointers(last.headers, last.seq)
     while previous is not None:
         wanted = [p for p in previous if p > after]
         walked: IndexMessages = [

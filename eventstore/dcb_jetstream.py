@@ -35,7 +35,7 @@ from nats.js.errors import NotFoundError
 
 from .commit import MAX_ENTITIES_PER_APPEND, check_commit_size
 from .dcb import DCB_CATEGORY, AppendCondition, DcbCommit, DcbLog, Query, QueryResult, SequencedEvent, TaggedEvent, decode_tags
-from .dcb_index import INDEX_POINTERS, IndexMessages, Last, index_floor, index_messages, pointers, scan
+from .dcb_index import INDEX_POINTERS, IndexMessages, IndexReads, Last, index_floor, index_messages, pointers, scan
 from .errors import (
     AppendConditionError,
     EventDecodeError,
@@ -83,6 +83,9 @@ class JetStreamDcb(DcbLog):
         # [C, P]; E's verified back pointers, when known (None: unknown).
         self._known: OrderedDict[str, tuple[int, int, int, tuple[int, ...] | None]] = OrderedDict()
         self._cache_size = cache_size
+        self.index_reads: IndexReads = "auto"
+        """How reads follow a tag's index: "auto" (a scan when short or dense, else the back pointers), or always
+        "chain" (the pointers) or "scan"; the others are for tests and benchmarks."""
 
     # -- the stream -----------------------------------------------------------
 
@@ -165,7 +168,7 @@ class JetStreamDcb(DcbLog):
         try:
             found = await asyncio.gather(*(
                 index_messages(direct, subject, last, index_floor(after), timeout_s,
-                               fetched.walked if limit is None else None) if is_index
+                               fetched.walked if limit is None else None, how=self.index_reads) if is_index
                 else scan(direct, subject, after, last.seq, timeout_s)
                 for (subject, is_index), last in zip(subjects.items(), lasts)
             ))

@@ -168,12 +168,7 @@ class EntityCommits:
         newest = last[0]
         position = int((newest.headers or {})[Header.SEQUENCE])
         previous = commit_previous(newest.headers, stream_id)
-        dense = (
-            previous is not None
-            and len(previous) == PREVIOUS_COMMITS
-            and position - previous[-1] <= PREVIOUS_COMMITS * _SCAN_SPAN_PER_COMMIT
-        )
-        if how == "scan" or (how == "auto" and (position - from_position <= _SCAN_SPAN or dense)):
+        if how == "scan" or (how == "auto" and scan_is_cheaper(position, from_position, previous, PREVIOUS_COMMITS)):
             found = await self._scan(subject, from_position, newest, what)
         else:
             found = await self._walk(stream_id, subject, from_position, newest, what)
@@ -221,6 +216,14 @@ class EntityCommits:
                     return [*found, newest]
                 found.append(msg)
         return [*found, newest]
+
+
+def scan_is_cheaper(newest: int, from_position: int, previous: tuple[int, ...] | None, capacity: int) -> bool:
+    """Whether a subject is read faster by one ``next_by_subj`` scan from ``from_position`` than by walking the back
+    pointers of its message at ``newest`` (``previous``, ``capacity`` of them when full): the span is short, or
+    the subject's recent messages lie close together (see the constants above)."""
+    dense = previous is not None and len(previous) == capacity and newest - previous[-1] <= capacity * _SCAN_SPAN_PER_COMMIT
+    return newest - from_position <= _SCAN_SPAN or dense
 
 
 def is_commit_of(msg: Msg, escaped_key: str | None, commit_msg_id: str | None) -> bool:

@@ -16,6 +16,8 @@ from eventstore import (
     StreamConfigError,
     TaggedEvent,
 )
+from eventstore.dcb_index import IndexReads
+from eventstore.dcb_jetstream import JetStreamDcb
 from samples.courses import StudentSubscribed, UsernameClaimed
 from tests.conftest import unique_settings
 
@@ -126,7 +128,8 @@ async def test_a_condition_after_an_appends_position_holds_in_a_process_that_rem
         await fresh.dcb.append([tagged], condition=AppendCondition(query, first.position))
 
 
-async def test_an_index_read_by_its_back_pointers_and_scans_misses_nothing(dcb_store: EventStore) -> None:
+@pytest.mark.parametrize("how", ["chain", "scan", "auto"])
+async def test_an_index_read_by_its_back_pointers_and_scans_misses_nothing(dcb_store: EventStore, how: IndexReads) -> None:
     query = Query.of(tags=["course:c1"])
     written = []
     for n in range(30):  # checked appends (back pointers), unchecked ones (none), and other tags between them
@@ -135,6 +138,8 @@ async def test_an_index_read_by_its_back_pointers_and_scans_misses_nothing(dcb_s
         await dcb_store.dcb.append([TaggedEvent(Blob(text="noise"), {"course:c2"})])
     async with await EventStore.connect(dcb_store.settings) as fresh:  # remembers nothing
         fresh.registry.register(Blob)
+        assert isinstance(fresh.dcb, JetStreamDcb)
+        fresh.dcb.index_reads = how
         assert [e.position for e in (await fresh.dcb.read(query)).events] == written
         assert [e.position for e in (await fresh.dcb.read(query, after=written[12])).events] == written[13:]
         assert [e.position for e in (await fresh.dcb.read(query, after=written[12] - 1)).events] == written[12:]
