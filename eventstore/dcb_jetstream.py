@@ -177,8 +177,8 @@ class JetStreamDcb(DcbLog):
                 seen: tuple[int, int, tuple[int, ...] | None] = (0, 0, (0,))
                 for seq, headers in msgs:
                     if is_index:
-                        commit = seq + int(headers[Header.COMMIT_OFFSET])
-                        candidates[commit] = self._commit_subject(headers)
+                        commit, subject_of_commit = self._commit_of(seq, headers)
+                        candidates[commit] = subject_of_commit
                         if seen[0] < seq <= head:
                             seen = (seq, commit, pointers(headers, seq))
                     else:
@@ -203,9 +203,9 @@ class JetStreamDcb(DcbLog):
         finally:
             await fetched.cancel()
 
-    def _commit_subject(self, headers: Mapping[str, str]) -> str:
-        """The subject of the commit an index message with these headers belongs to."""
-        return f"{self._prefix}.{DCB_CATEGORY}.{headers[Header.COMMIT_ENTITY]}"
+    def _commit_of(self, seq: int, headers: Mapping[str, str]) -> tuple[int, str]:
+        """The position and subject of the commit the index message at ``seq`` with these headers belongs to."""
+        return seq + int(headers[Header.COMMIT_OFFSET]), f"{self._prefix}.{DCB_CATEGORY}.{headers[Header.COMMIT_ENTITY]}"
 
     async def _get(self, positions: list[int], subjects: list[str]) -> list[Msg]:
         """The commits at ``positions`` on ``subjects`` (each a commit's own), in one direct get: the last message
@@ -374,7 +374,7 @@ class _Prefetch:
 
     def walked(self, msgs: IndexMessages) -> None:
         """Start fetching the commits of ``msgs`` not asked for yet."""
-        commits = {seq + int(headers[Header.COMMIT_OFFSET]): self._dcb._commit_subject(headers) for seq, headers in msgs}
+        commits = dict(self._dcb._commit_of(seq, headers) for seq, headers in msgs)
         positions = sorted(p for p in commits if self._after < p <= self._head and p not in self._asked)
         if positions:
             self._asked.update(positions)

@@ -65,7 +65,8 @@ async def test_a_reactor_gets_every_dcb_event_once_and_never_an_index_message(
         handled[(event.position, event.index)] += 1
 
     reactor = Reactor("dcb-watcher", handler=record, categories=categories, ack_wait_s=5)
-    stats = await asyncio.wait_for(run_reactor(store, reactor, until_idle=True), 30)
+    async with asyncio.timeout(30):
+        stats = await run_reactor(store, reactor, until_idle=True)
 
     assert handled == Counter((e.position, e.index) for e in expected), "every event once, nothing else"
     assert (stats.handled, stats.skipped, stats.retried, stats.dead_lettered) == (len(expected), 0, 0, 0)
@@ -94,7 +95,8 @@ async def test_a_reactor_that_reacts_with_dcb_appends_stores_each_effect_once_ac
 
     reactor = Reactor("welcomer", handlers={StudentSubscribed: welcome}, categories=["Dcb"],
                       retry_backoff_s=[0.05], ack_wait_s=5)
-    stats = await asyncio.wait_for(run_reactor(store, reactor, until_idle=True), 30)
+    async with asyncio.timeout(30):
+        stats = await run_reactor(store, reactor, until_idle=True)
 
     assert calls == {"s1": 1, "s2": 2, "s3": 1}
     sent = (await store.dcb.read(Query.of(types=["WelcomeSent"]))).events
